@@ -1,0 +1,3 @@
+from template.cli import main
+
+main()

@@ -1,0 +1,5 @@
+"""Callbacks the default run turns on."""
+
+from template.callbacks.predictions import PredictionWriter
+
+__all__ = ["PredictionWriter"]

@@ -1,0 +1,169 @@
+"""What every image source shares: stratified splits, loaders and the batch hook.
+
+A source only has to provide uint8 images (N, C, H, W) and integer labels per split;
+this class turns them into DataLoaders that yield whole batches by indexing, and
+augments and normalises each batch on the device (``on_after_batch_transfer``).
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset
+
+from template.data.augment import normalize, random_crop, random_hflip
+
+Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
+
+
+class TensorImageDataset(Dataset):
+    """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> Split:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Split:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.labels[index]
+
+
+def keep_batch(batch: Split) -> Split:
+    """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
+    return batch
+
+
+def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Split indices into len(fractions) + 1 disjoint parts that keep the class proportions.
+
+    A plain random (or worse, ordered) split of a sorted or imbalanced dataset can give a
+    validation set without some classes, and a score that means nothing.
+
+    Returns:
+        Index arrays: the remainder first, then one per fraction.
+    """
+    if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
+        raise ValueError(f"split fractions {list(fractions)} must be positive and sum to less than 1")
+    remaining = np.arange(len(labels))
+    parts = []
+    share = 1.0
+    for fraction in fractions:
+        remaining, part = train_test_split(
+            remaining, test_size=fraction / share, stratify=labels[remaining], random_state=seed
+        )
+        parts.append(np.sort(part))
+        share -= fraction
+    return [np.sort(remaining), *parts]
+
+
+class ImageDataModule(L.LightningDataModule, ABC):
+    """Base of the image sources: splits, loaders, and device-side augmentation.
+
+    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` and ``class_names``
+    in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
+
+    Args:
+        batch_size: images per batch on each device.
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 turns it off.
+        hflip: mirror training images left-right at random. Only for classes that stay
+            the same in a mirror (not for digits or text).
+    """
+
+    num_classes: int
+    in_channels: int
+    image_size: tuple[int, int]
+    class_names: list[str]
+
+    def __init__(self, batch_size: int = 64, num_workers: int = 0, crop_padding: int = 0, hflip: bool = False) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.crop_padding = crop_padding
+        self.hflip = hflip
+        self.datasets: dict[str, TensorImageDataset] = {}
+        self.mean = torch.zeros(0)
+        self.std = torch.ones(0)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.in_channels, *self.image_size)
+
+    @abstractmethod
+    def load_split(self, split: str) -> Split:
+        """Return uint8 images (N, C, H, W) and int64 labels of ``split`` (train, val or test)."""
+
+    def setup(self, stage: str) -> None:
+        # Only what the stage needs: the test split is loaded by `test` alone, so no
+        # decision made during fit can have looked at it.
+        needed = {
+            "fit": ["train", "val"],
+            "validate": ["train", "val"],
+            "test": ["train", "test"],
+            "predict": ["train", "test"],
+        }[stage]
+        for split in needed:
+            if split not in self.datasets:
+                self.datasets[split] = TensorImageDataset(*self.load_split(split))
+        # Normalisation statistics come from the training split only.
+        train = self.datasets["train"].images.float().div(255)
+        self.mean = train.mean(dim=(0, 2, 3))
+        self.std = train.std(dim=(0, 2, 3)).clamp_min(1e-6)
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        dataset = self.datasets[split]
+        if train and len(dataset) < self.batch_size:
+            raise ValueError(
+                f"the {split} split has {len(dataset)} images, fewer than batch_size={self.batch_size}: "
+                "with drop_last there would be no batch at all; lower data.batch_size"
+            )
+        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            # A short last batch gives a noisy step and, with BatchNorm, bad statistics.
+            drop_last=train,
+            num_workers=self.num_workers,
+            collate_fn=keep_batch,
+            pin_memory=on_gpu,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
+        if isinstance(batch, torch.Tensor):
+            return batch  # the model summary's example input, not a data batch
+        images, labels = batch  # uint8 (B, C, H, W) on the training device
+        images = images.float()
+        if self.trainer is not None and self.trainer.training:
+            if self.crop_padding:
+                images = random_crop(images, self.crop_padding)
+            if self.hflip:
+                images = random_hflip(images)
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return normalize(images.div_(255), mean, std), labels

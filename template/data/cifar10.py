@@ -1,0 +1,108 @@
+"""CIFAR-10 from its python-pickle release (``cifar-10-batches-py/``), as torchvision lays it out."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from template.data.base import ImageDataModule, Split, stratified_split
+
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = [f"data_batch_{index}" for index in range(1, 6)]
+TEST_FILES = ["test_batch"]
+CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles plain containers and numpy arrays only: a doctored batch file cannot run code."""
+
+    allowed = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR-10 batch file")
+        return super().find_class(module, name)
+
+
+def read_batches(folder: Path, names: list[str]) -> Split:
+    """Read CIFAR-10 batch files into uint8 images (N, 3, 32, 32) and int64 labels."""
+    images, labels = [], []
+    for name in names:
+        with (folder / name).open("rb") as file:
+            batch = _ArraysOnly(file, encoding="latin1").load()
+        images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        labels.extend(batch["labels"])
+    return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.long)
+
+
+class CIFAR10DataModule(ImageDataModule):
+    """CIFAR-10: 50,000 training and 10,000 test images of 32x32, ten classes.
+
+    The official test set is the test split; validation is a stratified share of the
+    training set, so the test set never guides training.
+
+    Args:
+        root: directory holding ``cifar-10-batches-py/``.
+        download: fetch the archive into ``root`` through torchvision when it is missing.
+        batch_size: images per batch on each device.
+        val_fraction: share of the training set held out for validation.
+        split_seed: seed of the train/val split alone.
+        num_workers: DataLoader workers; 0 is fastest for data already in memory.
+        crop_padding: reflect padding of the random crop (4 is the standard CIFAR recipe).
+        hflip: mirror training images at random.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/cifar10",
+        download: bool = False,
+        batch_size: int = 512,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        crop_padding: int = 4,
+        hflip: bool = True,
+    ) -> None:
+        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.download = download
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.num_classes = len(CLASS_NAMES)
+        self.in_channels = 3
+        self.image_size = (32, 32)
+        self.class_names = list(CLASS_NAMES)
+        self._train: Split | None = None
+
+    def prepare_data(self) -> None:
+        missing = [name for name in TRAIN_FILES + TEST_FILES if not (self.root / FOLDER / name).is_file()]
+        if not missing:
+            return
+        if not self.download:
+            raise FileNotFoundError(
+                f"CIFAR-10 not found: looked for {', '.join(missing)} in {(self.root / FOLDER).resolve()}. "
+                "Unpack cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) into "
+                f"{self.root}, point data.root at its parent folder, or set data.download: true"
+            )
+        from torchvision.datasets import CIFAR10
+
+        CIFAR10(str(self.root), download=True)
+
+    def load_split(self, split: str) -> Split:
+        self.prepare_data()  # also checks the files when prepare_data was not called (e.g. from Python)
+        folder = self.root / FOLDER
+        if split == "test":
+            return read_batches(folder, TEST_FILES)
+        if self._train is None:
+            self._train = read_batches(folder, TRAIN_FILES)
+        images, labels = self._train
+        train, val = stratified_split(labels.numpy(), [self.val_fraction], self.split_seed)
+        index = torch.from_numpy(train if split == "train" else val)
+        return images[index], labels[index]

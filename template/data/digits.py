@@ -1,0 +1,58 @@
+"""The embedded default: scikit-learn's handwritten digits, 1,797 8x8 grey images.
+
+The data ships inside scikit-learn, so the default run needs no network and no files.
+"""
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+from template.data.base import ImageDataModule, Split, stratified_split
+
+
+class DigitsDataModule(ImageDataModule):
+    """Handwritten digits 0-9, split into train / val / test by class, with a fixed seed.
+
+    Args:
+        batch_size: images per batch on each device.
+        val_fraction: share of all images held out for validation (checkpoint choice).
+        test_fraction: share of all images held out for the final test.
+        split_seed: seed of the split alone, so that changing the training seed never
+            moves images between train, val and test.
+        num_workers: DataLoader workers; 0 is fastest for data already in memory.
+        crop_padding: random translation by up to this many pixels.
+        hflip: off, since a mirrored digit is a different (or no) digit.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        num_workers: int = 0,
+        crop_padding: int = 1,
+        hflip: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        self.save_hyperparameters()
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+        self.num_classes = 10
+        self.in_channels = 1
+        self.image_size = (8, 8)
+        self.class_names = [str(digit) for digit in range(10)]
+        self.split_indices: dict[str, np.ndarray] = {}
+
+    def load_split(self, split: str) -> Split:
+        digits = load_digits()
+        if not self.split_indices:
+            train, val, test = stratified_split(digits.target, [self.val_fraction, self.test_fraction], self.split_seed)
+            self.split_indices = {"train": train, "val": val, "test": test}
+            # predict serves the test split; name each row by its index in load_digits().
+            self.predict_ids = [f"digits[{index}]" for index in test]
+        index = self.split_indices[split]
+        # Pixel values are 0..16; scale to the 0..255 uint8 range every source uses.
+        images = np.round(digits.images[index] * (255 / 16)).astype(np.uint8)[:, None]  # (N, 1, 8, 8)
+        return torch.from_numpy(images), torch.from_numpy(digits.target[index]).long()

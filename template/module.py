@@ -1,0 +1,184 @@
+"""The training recipe as a LightningModule: loss, metrics, parameter groups, schedule."""
+
+import math
+import warnings
+from collections.abc import Callable, Iterable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torchmetrics.classification import MulticlassAccuracy
+
+# Injected by LightningCLI from YAML (`class_path` + `init_args`). The scheduler also gets
+# the total number of optimizer steps, which only the Trainer knows.
+OptimizerCallable = Callable[[Iterable], Optimizer]
+SchedulerCallable = Callable[[Optimizer, int], LRScheduler]
+
+
+class WarmupCosine(LRScheduler):
+    """Linear warmup, then cosine decay, stepped once per optimizer step.
+
+    Warmup avoids the large, badly aimed updates of the first steps, when BatchNorm
+    statistics and Adam's moment estimates are still poor. With ``cycles > 1`` the
+    cosine restarts from the peak that many times (SGDR, Loshchilov & Hutter, 2017).
+
+    Args:
+        optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
+        total_steps: optimizer steps in the whole run.
+        warmup_fraction: share of ``total_steps`` spent warming up linearly.
+        min_lr_ratio: floor of the cosine, as a fraction of the peak.
+        cycles: number of cosine cycles after warmup (1: no restarts).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.0,
+        cycles: int = 1,
+        last_epoch: int = -1,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if cycles < 1:
+            raise ValueError(f"cycles must be at least 1, got {cycles}")
+        self.total_steps = total_steps
+        self.warmup_steps = round(warmup_fraction * total_steps)
+        self.min_lr_ratio = min_lr_ratio
+        self.cycles = cycles
+        super().__init__(optimizer, last_epoch)
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps  # never 0: the first step is not wasted
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        cycle_progress = 1.0 if progress == 1.0 else (progress * self.cycles) % 1.0
+        cosine = 0.5 * (1.0 + math.cos(math.pi * cycle_progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+    def get_lr(self) -> list[float]:
+        factor = self.lr_factor(self.last_epoch)
+        return [base_lr * factor for base_lr in self.base_lrs]
+
+
+def parameter_groups(net: nn.Module) -> list[dict]:
+    """Split parameters into a weight-decayed group and one without decay.
+
+    Decay pulls weights towards zero to limit their scale; on BatchNorm weights and on
+    biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
+    Every parameter with fewer than 2 dimensions is a norm weight or a bias.
+    """
+    decay, no_decay = [], []
+    for parameter in net.parameters():
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    return [
+        {"params": decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
+
+
+class ClassificationModule(L.LightningModule):
+    """Trains any image classifier ``net`` that maps (B, C, H, W) images to (B, K) logits.
+
+    Args:
+        net: the network; swapped from YAML with ``model.net.class_path``.
+        num_classes: number of classes K. Linked from the DataModule by the CLI.
+        class_names: a name per class, kept in the checkpoint for ``predict``. Linked
+            from the DataModule by the CLI.
+        input_shape: (C, H, W) of one input, for the model summary. Linked from the
+            DataModule by the CLI.
+        optimizer: builds the optimizer from the parameter groups.
+        lr_scheduler: builds the scheduler from the optimizer and the total number of
+            optimizer steps; ``None`` keeps the learning rate constant.
+        label_smoothing: mass moved from the true class to all classes in the loss.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int = 10,
+        class_names: list[str] | None = None,
+        input_shape: tuple[int, int, int] | None = None,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: SchedulerCallable | None = WarmupCosine,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class_names given for num_classes={num_classes}")
+        # Under LightningCLI this records the parsed config (class paths and plain values),
+        # so `template test --ckpt_path X` rebuilds the same network and the checkpoint
+        # loads with torch.load(weights_only=True). Objects passed from Python are not
+        # config and are dropped: they would need pickle to load.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Attribute '.*' is an instance of `nn.Module`")
+            self.save_hyperparameters()
+        for key in ("net", "optimizer", "lr_scheduler"):
+            if not isinstance(self.hparams.get(key), dict | str | None):
+                del self.hparams[key]
+        self.net = net
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.label_smoothing = label_smoothing
+        self.class_names = list(class_names) if class_names else [str(index) for index in range(num_classes)]
+        if input_shape is not None:
+            self.example_input_array = torch.zeros(2, *input_shape)
+        # One metric object per split: their states must never mix.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # cross_entropy applies log-softmax itself: a softmax before it would squash the
+        # gradients and is the classic silent bug.
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = self._loss(logits, labels)
+        self.train_acc(logits, labels)
+        self.log("train/loss", loss, batch_size=len(labels))
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(labels))
+        return loss
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+        images, labels = batch
+        logits = self(images)
+        metric = self.val_acc if split == "val" else self.test_acc
+        metric(logits, labels)
+        # sync_dist: average over DDP ranks so every rank sees (and checkpoints on) the same value.
+        self.log(f"{split}/loss", self._loss(logits, labels), batch_size=len(labels), sync_dist=True)
+        self.log(f"{split}/acc", metric, batch_size=len(labels), prog_bar=True)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images = batch[0]
+        return self(images).softmax(dim=1)  # (B, K) class probabilities
+
+    def configure_optimizers(self) -> dict:
+        optimizer = self.optimizer(parameter_groups(self.net))
+        if self.lr_scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = self.lr_scheduler(optimizer, int(self.trainer.estimated_stepping_batches))
+        # interval "step": warmup and cosine are defined per optimizer step, not per epoch.
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}

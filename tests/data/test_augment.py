@@ -1,0 +1,49 @@
+import torch
+
+from template.data.augment import normalize, random_crop, random_hflip
+
+
+def images() -> torch.Tensor:
+    return torch.arange(2 * 3 * 6 * 6, dtype=torch.float32).reshape(2, 3, 6, 6)
+
+
+def test_random_crop_keeps_shape_and_dtype_and_is_seeded():
+    batch = images()
+    torch.manual_seed(1)
+    a = random_crop(batch, 2)
+    torch.manual_seed(1)
+    b = random_crop(batch, 2)
+    assert a.shape == batch.shape and a.dtype == batch.dtype
+    assert torch.equal(a, b)
+    assert not all(torch.equal(random_crop(batch, 2), a) for _ in range(5))
+    assert torch.equal(random_crop(batch, 0), batch)
+
+
+def test_random_crop_is_a_shifted_window_of_the_reflect_padded_image():
+    batch = images()
+    padded = torch.nn.functional.pad(batch, (1, 1, 1, 1), mode="reflect")
+    windows = [padded[:, :, top : top + 6, left : left + 6] for top in range(3) for left in range(3)]
+    torch.manual_seed(0)
+    cropped = random_crop(batch, 1)
+    for index in range(len(batch)):
+        assert any(torch.equal(cropped[index], window[index]) for window in windows)
+
+
+def test_random_hflip_mirrors_whole_images():
+    batch = images()
+    flipped = random_hflip(batch, probability=1.0)
+    assert torch.equal(flipped, batch.flip(3))
+    assert torch.equal(random_hflip(batch, probability=0.0), batch)
+    torch.manual_seed(0)
+    mixed = random_hflip(batch.repeat(16, 1, 1, 1))
+    mirrored = [torch.equal(image, original.flip(2)) for image, original in zip(mixed, batch.repeat(16, 1, 1, 1))]
+    assert 0 < sum(mirrored) < len(mirrored)
+
+
+def test_normalize_accepts_uint8_and_float():
+    batch = torch.full((1, 2, 2, 2), 255, dtype=torch.uint8)
+    mean, std = torch.tensor([0.5, 1.0]), torch.tensor([0.5, 1.0])
+    out = normalize(batch, mean, std)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out[0, 0], torch.ones(2, 2)) and torch.allclose(out[0, 1], torch.zeros(2, 2))
+    assert torch.equal(normalize(batch.float() / 255, mean, std), out)

@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import RandomSampler, SequentialSampler
+
+from template.data import DigitsDataModule, stratified_split
+
+
+def test_stratified_split_is_disjoint_complete_and_keeps_proportions():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), [400, 300, 200, 100])  # sorted and imbalanced: the worst case
+    rng.shuffle(labels)
+    train, val, test = stratified_split(labels, [0.15, 0.2], seed=3)
+    assert not set(train) & set(val) and not set(train) & set(test) and not set(val) & set(test)
+    assert sorted(np.concatenate([train, val, test])) == list(range(len(labels)))
+    for part, share in ((train, 0.65), (val, 0.15), (test, 0.2)):
+        counts = np.bincount(labels[part], minlength=4)
+        expected = share * np.array([400, 300, 200, 100])
+        assert np.all(np.abs(counts - expected) <= 1), (counts, expected)
+
+
+def test_split_depends_on_its_seed_only():
+    labels = np.repeat(np.arange(3), 50)
+    a = stratified_split(labels, [0.2], seed=0)
+    assert all(np.array_equal(x, y) for x, y in zip(a, stratified_split(labels, [0.2], seed=0)))
+    assert not np.array_equal(a[1], stratified_split(labels, [0.2], seed=1)[1])
+
+
+@pytest.mark.parametrize("fractions", [[0.5, 0.5], [0.0], [-0.1]])
+def test_split_refuses_bad_fractions(fractions):
+    with pytest.raises(ValueError, match="fractions"):
+        stratified_split(np.zeros(10), fractions, seed=0)
+
+
+def test_fit_never_loads_the_test_split():
+    data = DigitsDataModule()
+    data.setup("fit")
+    assert set(data.datasets) == {"train", "val"}
+    data.setup("test")
+    assert set(data.datasets) == {"train", "val", "test"}
+    sizes = {split: len(dataset) for split, dataset in data.datasets.items()}
+    assert sum(sizes.values()) == 1797
+    assert sizes["test"] == pytest.approx(0.2 * 1797, abs=1) and sizes["val"] == pytest.approx(0.15 * 1797, abs=1)
+
+
+def test_loaders_shuffle_and_drop_last_on_train_only():
+    data = DigitsDataModule(batch_size=32)
+    data.setup("fit")
+    train, val = data.train_dataloader(), data.val_dataloader()
+    assert isinstance(train.sampler, RandomSampler) and train.drop_last
+    assert isinstance(val.sampler, SequentialSampler) and not val.drop_last
+    assert not train.pin_memory and not train.persistent_workers  # CPU run, no workers
+    images, labels = next(iter(train))
+    assert images.shape == (32, 1, 8, 8) and images.dtype == torch.uint8 and images.max() > 200
+    assert labels.dtype == torch.int64
+    assert sum(len(batch[1]) for batch in val) == len(data.datasets["val"])
+
+
+def test_persistent_workers_when_there_are_workers():
+    data = DigitsDataModule(num_workers=1)
+    data.setup("fit")
+    assert data.train_dataloader().persistent_workers
+
+
+def test_batch_larger_than_the_train_split_is_refused():
+    data = DigitsDataModule(batch_size=5000)
+    data.setup("fit")
+    with pytest.raises(ValueError, match="batch_size=5000"):
+        data.train_dataloader()
+
+
+class FakeTrainer:
+    def __init__(self, training: bool) -> None:
+        self.training = training
+
+
+def test_batch_hook_augments_in_training_and_only_normalises_otherwise():
+    data = DigitsDataModule()
+    data.setup("fit")
+    batch = next(iter(data.val_dataloader()))
+    data.trainer = FakeTrainer(training=False)
+    first, labels = data.on_after_batch_transfer(batch, 0)
+    second, _ = data.on_after_batch_transfer(batch, 0)
+    assert torch.equal(first, second) and torch.equal(labels, batch[1])
+    assert first.dtype == torch.float32
+    data.trainer = FakeTrainer(training=True)
+    torch.manual_seed(0)
+    augmented, _ = data.on_after_batch_transfer(batch, 0)
+    assert augmented.shape == first.shape and not torch.equal(augmented, first)
+    # Whole-split statistics: normalised training images have mean ~0 and std ~1.
+    data.trainer = FakeTrainer(training=False)
+    normalised, _ = data.on_after_batch_transfer((data.datasets["train"].images, data.datasets["train"].labels), 0)
+    assert abs(normalised.mean().item()) < 1e-3 and normalised.std().item() == pytest.approx(1.0, abs=1e-3)

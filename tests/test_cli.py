@@ -1,0 +1,120 @@
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from template.cli import cli
+from template.nets import ResNet18
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_fit_validate_test_predict_round_trip(run_cli, capsys):
+    run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "8")
+    run_dir = run_cli.runs_dir / "digits" / "version_0"
+    summary = capsys.readouterr().out
+    best = next((run_dir / "checkpoints").glob("best-epoch*.ckpt"))
+    assert f"best checkpoint  {best}" in summary and f"tensorboard --logdir {run_dir}" in summary
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+    # Primitives only: the checkpoint loads without unpickling any object, and can resume.
+    checkpoint = torch.load(best, weights_only=True)
+    assert checkpoint["optimizer_states"] and checkpoint["lr_schedulers"]
+    assert checkpoint["hyper_parameters"]["net"]["class_path"] == "template.nets.ResNetSmall"
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "val/acc", "train/acc"} <= tags
+    assert any(tag.startswith("lr") for tag in tags)
+    assert len(events.Scalars("val/acc")) == 3
+
+    for subcommand, metric in (("validate", "val/acc"), ("test", "test/acc")):
+        evaluated = run_cli(subcommand, "--ckpt_path", "best")
+        assert metric in evaluated.trainer.callback_metrics
+        assert f"--ckpt_path best -> {best}" in capsys.readouterr().out
+
+    run_cli("predict", "--ckpt_path", str(best))
+    predictions = next(run_cli.runs_dir.glob("digits/version_*/predictions.csv"))
+    rows = list(csv.DictReader(predictions.open()))
+    assert len(rows) == 360  # the test split of 1,797 digits
+    assert {row["class_name"] for row in rows} <= {str(digit) for digit in range(10)}
+    assert all(0.0 < float(row["probability"]) <= 1.0 for row in rows)
+    assert rows[0]["sample"].startswith("digits[")
+
+
+def test_network_swapped_from_yaml_alone(run_cli, tmp_path):
+    config = tmp_path / "resnet18.yaml"
+    config.write_text("model:\n  net:\n    class_path: template.nets.ResNet18\n")
+    trained = run_cli("fit", "--config", str(config), "--trainer.fast_dev_run", "true")
+    assert isinstance(trained.model.net, ResNet18)
+    assert trained.model.net.head.out_features == 10 and trained.model.net.stem[0].in_channels == 1  # linked
+    assert not (tmp_path / "checkpoints").exists()  # fast_dev_run leaves no stray last.ckpt
+
+
+def test_ckpt_path_alias_without_runs_is_a_clear_error(run_cli, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli("test", "--ckpt_path", "best")
+    assert exit_info.value.code != 0
+    assert "no run with checkpoints/last.ckpt under" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "yaml_text, named",
+    [
+        ("model:\n  label_smothing: 0.1\n", "label_smothing"),  # misspelt key
+        ("data:\n  init_args:\n    batch_size: many\n", "batch_size"),  # wrong type
+        ("trainer:\n  max_epoch: 3\n", "max_epoch"),
+        ("model:\n  net:\n    class_path: template.nets.ResNet99\n", "ResNet99"),
+    ],
+)
+def test_config_errors_fail_before_training_and_name_the_key(tmp_path, capsys, yaml_text, named):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["fit", "--config", str(config), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def print_config(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "template", "fit", *args, "--print_config"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    return result.stdout
+
+
+def test_configs_default_yaml_is_exactly_the_built_in_default():
+    assert print_config("--config", "configs/default.yaml") == print_config()
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        ["configs/cifar10_resnet18.yaml"],
+        ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
+        ["configs/default.yaml", "configs/trainer/overfit_batches.yaml"],
+    ],
+)
+def test_every_config_parses_and_composes(configs):
+    args = [arg for path in configs for arg in ("--config", path)]
+    printed = print_config(*args)
+    if "overfit_batches.yaml" in configs[-1]:
+        assert "overfit_batches: 1" in printed and "crop_padding: 0" in printed
+    assert (REPO / configs[0]).is_file()
+
+
+def test_console_script_runs():
+    script = Path(sys.executable).parent / "template"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "{fit,validate,test,predict}" in result.stdout

@@ -1,0 +1,95 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from template.module import ClassificationModule, WarmupCosine, parameter_groups
+from template.nets import ResNetSmall
+
+
+def make_module(**kwargs) -> ClassificationModule:
+    net = ResNetSmall(num_classes=10, in_channels=1)
+    return ClassificationModule(net, num_classes=10, **kwargs)
+
+
+def test_no_weight_decay_on_norm_weights_and_biases():
+    from functools import partial
+
+    module = make_module(optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05), lr_scheduler=None)
+    optimizer = module.configure_optimizers()["optimizer"]
+    decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    assert len(decay_of) == sum(1 for _ in module.net.parameters())  # every parameter, exactly once
+    for name, submodule in module.net.named_modules():
+        if isinstance(submodule, nn.BatchNorm2d):
+            assert decay_of[id(submodule.weight)] == 0.0, name
+            assert decay_of[id(submodule.bias)] == 0.0, name
+        elif isinstance(submodule, nn.Conv2d | nn.Linear):
+            assert decay_of[id(submodule.weight)] == 0.05, name
+    assert decay_of[id(module.net.head.bias)] == 0.0
+
+
+def test_frozen_parameters_are_left_out_of_the_groups():
+    net = ResNetSmall(num_classes=3, in_channels=1)
+    net.stem.requires_grad_(False)
+    grouped = {id(p) for group in parameter_groups(net) for p in group["params"]}
+    assert not any(id(p) in grouped for p in net.stem.parameters())
+
+
+def lrs(scheduler: WarmupCosine, steps: int) -> list[float]:
+    values = []
+    for _ in range(steps):
+        values.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    return values
+
+
+def sgd() -> torch.optim.Optimizer:
+    return torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+
+
+def test_warmup_then_cosine_at_known_steps():
+    values = lrs(WarmupCosine(sgd(), total_steps=100, warmup_fraction=0.1), 100)
+    assert values[0] == pytest.approx(0.1)  # (0 + 1) / 10: the first step already learns
+    assert values[4] == pytest.approx(0.5)
+    assert values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0)  # cosine starts at the peak
+    assert values[55] == pytest.approx(0.5)  # half way through the 90 decay steps
+    assert values[99] == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))
+
+
+def test_warm_restarts_and_floor():
+    values = lrs(WarmupCosine(sgd(), total_steps=100, warmup_fraction=0.0, cycles=2, min_lr_ratio=0.1), 100)
+    assert values[0] == pytest.approx(1.0)
+    assert values[25] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert values[49] < 0.11 and values[50] == pytest.approx(1.0)  # the restart
+    assert min(values) >= 0.1
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"total_steps": 0}, "total_steps"), ({"warmup_fraction": 1.0}, "warmup_fraction"), ({"cycles": 0}, "cycles")],
+)
+def test_scheduler_refuses_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        WarmupCosine(sgd(), **{"total_steps": 10, **kwargs})
+
+
+def test_loss_is_cross_entropy_on_raw_logits_with_label_smoothing():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    assert make_module()._loss(logits, labels) == pytest.approx(F.cross_entropy(logits, labels).item())
+    log_probs = logits.log_softmax(dim=1)
+    smoothed = 0.9 * F.nll_loss(log_probs, labels) + 0.1 * (-log_probs.mean(dim=1)).mean()
+    assert make_module(label_smoothing=0.1)._loss(logits, labels).item() == pytest.approx(smoothed.item(), rel=1e-5)
+
+
+def test_objects_passed_from_python_stay_out_of_the_hyperparameters():
+    module = make_module(class_names=[f"c{k}" for k in range(10)], input_shape=(1, 8, 8))
+    assert set(module.hparams) == {"num_classes", "class_names", "input_shape", "label_smoothing"}
+    assert module.example_input_array.shape == (2, 1, 8, 8)
+    with pytest.raises(ValueError, match="3 class_names given for num_classes=10"):
+        make_module(class_names=["a", "b", "c"])
