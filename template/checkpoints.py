@@ -18,7 +18,7 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     if not lasts:
         raise FileNotFoundError(
             f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve()}; "
-            "train one with `template fit` first, or pass the path of a .ckpt file"
+            f"train one with `{__package__} fit` first, or pass the path of a .ckpt file"
         )
     checkpoint_dir = lasts[-1].parent
     if alias == "last":

@@ -5,6 +5,8 @@ DataModule, Trainer) plus YAML in ``configs/``; LightningCLI turns them into opt
 so a misspelt key or a wrongly typed value fails before any training starts.
 """
 
+import logging
+import warnings
 from pathlib import Path
 
 from jsonargparse import Namespace
@@ -19,6 +21,7 @@ from template.data import ImageDataModule
 from template.module import ClassificationModule
 
 DEFAULT_RUNS_DIR = "runs"
+PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 
 # The defaults of `template fit` with no arguments: the embedded digits on the CPU in
 # well under a minute. configs/default.yaml spells out the same values.
@@ -32,8 +35,16 @@ TRAINER_DEFAULTS = {
 }
 
 
-class TemplateCLI(LightningCLI):
-    """LightningCLI with the template's defaults, argument links and run summary."""
+class _NoAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
+
+
+class ClassificationCLI(LightningCLI):
+    """LightningCLI with this project's defaults, argument links and run summary."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Best checkpoint by validation accuracy (never by test), plus last.ckpt to resume.
@@ -86,6 +97,10 @@ class TemplateCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
+        if self.subcommand != "fit":
+            # Evaluating a checkpoint restores its ModelCheckpoint state too; that the new run
+            # directory differs from the training one is expected, not worth a warning.
+            warnings.filterwarnings("ignore", message="The dirpath has changed from")
         if config.trainer.fast_dev_run:
             # fast_dev_run turns the logger off, and last.ckpt would land in ./checkpoints.
             config.checkpoint.save_last = False
@@ -100,7 +115,7 @@ class TemplateCLI(LightningCLI):
                 f"best checkpoint  {checkpoint.best_model_path}",
                 f"best {checkpoint.monitor:<11} {float(checkpoint.best_model_score):.4f}",
                 f"last checkpoint  {checkpoint.last_model_path}",
-                f"test it, once:   template test --ckpt_path {checkpoint.best_model_path}",
+                f"test it, once:   {PROGRAM} test --ckpt_path {checkpoint.best_model_path}",
             ]
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
         # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
@@ -118,9 +133,9 @@ def runs_dir(config: Namespace) -> str:
     return DEFAULT_RUNS_DIR
 
 
-def cli(args: list[str] | None = None, run: bool = True) -> TemplateCLI:
+def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
     """Build (and by default run) the CLI; ``args`` as on the command line, without the program name."""
-    return TemplateCLI(
+    return ClassificationCLI(
         ClassificationModule,
         ImageDataModule,
         subclass_mode_data=True,

@@ -1,0 +1,38 @@
+"""The README is the front door: its commands must stay true."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from template.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_starts_with_exactly_the_two_setup_commands():
+    first_block = re.search(r"```bash\n(.*?)```", README, re.S).group(1)
+    assert first_block.split("\n")[:-1] == ["make fit", "make test"]
+
+
+COMMANDS = [
+    line.split("#")[0].strip()
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S)
+    for line in block.splitlines()
+    if line.startswith("template ")
+]
+
+
+def test_readme_shows_cli_commands():
+    assert len(COMMANDS) >= 8
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_parses(command, monkeypatch):
+    # --print_config parses every option and config file, then exits before any work.
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        cli([*shlex.split(command)[1:], "--print_config"])
+    assert exit_info.value.code in (0, None)
