@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --nbmake tests notebooks
 
 lint: $(STAMP)
-	$(BIN)/ruff check template tests
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf runs .pytest_cache

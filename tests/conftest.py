@@ -31,7 +31,7 @@ def program_name_only(monkeypatch):
 
 @pytest.fixture
 def run_cli(tmp_path: Path, monkeypatch):
-    """Run ``template <args>`` in this process, in tmp_path, with runs under tmp_path/runs; returns the CLI."""
+    """Run the CLI in this process, in tmp_path, with runs under tmp_path/runs; returns the CLI object."""
     monkeypatch.chdir(tmp_path)
     runs_dir = tmp_path / "runs"
 

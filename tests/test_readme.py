@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from template.cli import cli
+from template.cli import PROGRAM, cli
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -21,7 +21,7 @@ COMMANDS = [
     line.split("#")[0].strip()
     for block in re.findall(r"```bash\n(.*?)```", README, re.S)
     for line in block.splitlines()
-    if line.startswith("template ")
+    if line.startswith(f"{PROGRAM} ")
 ]
 
 

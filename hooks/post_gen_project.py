@@ -1,0 +1,27 @@
+"""Fill the new project with this repository's files, renamed, and record where they came from."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+source = Path({{ source_dir() | jsonify }})
+sys.path.insert(0, str(source / "hooks"))
+from rename import generate  # noqa: E402
+
+context = json.loads({{ cookiecutter | jsonify | jsonify }})
+project = Path.cwd()
+(project / ".gitkeep").unlink(missing_ok=True)
+generate(source, project, context["project_name"], context["package_name"], context["author"], context["description"])
+
+# The template version, in the form `cruft update` reads. Under cruft (create, update),
+# cruft writes this file itself and passes `_commit`; a second copy would conflict.
+if "_commit" not in context:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True).stdout.strip()
+    template = context.get("_template") or ""
+    if not any(marker in template for marker in ("://", "git@", "gh:", "gl:", "bb:")):
+        template = str(source)  # a local path: record it absolute, as the project moves away from it
+    kept = {key: value for key, value in context.items() if key not in ("_repo_dir", "_output_dir")}
+    record = {"template": template, "commit": commit or None, "checkout": context.get("_checkout")}
+    record |= {"context": {"cookiecutter": kept | {"_commit": commit}}, "directory": None}
+    (project / ".cruft.json").write_text(json.dumps(record, indent=2) + "\n")

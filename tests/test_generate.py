@@ -1,0 +1,180 @@
+"""Generating a new project from this repository (cookiecutter, cruft) and renaming it."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cookiecutter.exceptions import FailedHookException
+from cookiecutter.main import cookiecutter
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hooks"))
+from rename import check_names, derive_package_name, project_files, rename_text  # noqa: E402
+
+GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
+
+# Every way code can name the package: an import, a module path, a class_path, an entry point.
+LEFTOVER = re.compile(
+    r"(import template\b|from template\b|\btemplate\.[A-Za-z_]|-m template\b|^template = |"
+    r"[\"']template[\"'*]|/template\b|\btemplate (?:fit|validate|test|predict)\b)",
+    re.MULTILINE,
+)
+
+
+def test_rename_changes_names_and_leaves_the_word_alone():
+    text = (
+        "from template.nets import ResNet18\nimport template\nclass_path: template.nets.ResNet18\n"
+        'template = "template.cli:main"\ninclude = ["template*"]\npython -m template fit\n'
+        "$(BIN)/template test --ckpt_path best\nsee template/module.py and `template fit`\n"
+        "A project template; the template's defaults; templates_lab; my-template; x.template\n"
+    )
+    renamed = rename_text(text, "bird_watch")
+    assert renamed == (
+        "from bird_watch.nets import ResNet18\nimport bird_watch\nclass_path: bird_watch.nets.ResNet18\n"
+        'bird_watch = "bird_watch.cli:main"\ninclude = ["bird_watch*"]\npython -m bird_watch fit\n'
+        "$(BIN)/bird_watch test --ckpt_path best\nsee bird_watch/module.py and `bird_watch fit`\n"
+        "A project template; the template's defaults; templates_lab; my-template; x.template\n"
+    )
+    assert rename_text(renamed, "bird_watch") == renamed  # idempotent
+    assert rename_text(text, "bird_watch") == renamed  # deterministic
+
+
+@pytest.mark.parametrize(
+    "project_name, package_name",
+    [("Bird Watch", "bird_watch"), ("leaf-disease detector", "leaf_disease_detector"), ("X-Ray 2.0!", "x_ray_2_0")],
+)
+def test_package_name_is_derived_from_the_title(project_name, package_name):
+    assert derive_package_name(project_name) == package_name
+
+
+@pytest.mark.parametrize(
+    "package_name, reason",
+    [
+        ("class", "keyword"),
+        ("3d_scans", "starts with a digit"),
+        ("torch", "shadow"),
+        ("lightning", "shadow"),
+        ("json", "shadow"),
+        ("my-project", "not a valid Python identifier"),
+        ("MyProject", "lower case"),
+    ],
+)
+def test_unusable_package_names_are_refused_with_the_reason(package_name, reason):
+    with pytest.raises(ValueError, match=reason) as error:
+        check_names("Some Project", package_name)
+    assert package_name in str(error.value) and "e.g. package_name=" in str(error.value)
+
+
+def test_generation_machinery_is_not_part_of_a_project():
+    files = project_files(REPO)
+    assert "template/cli.py" in files and "README.md" in files
+    assert not any(name.startswith(("hooks/", "cookiecutter.json", "{{")) for name in files)
+    assert "tests/test_generate.py" not in files
+
+
+def test_invalid_name_stops_generation_before_anything_is_written(tmp_path):
+    with pytest.raises(FailedHookException):
+        cookiecutter(str(REPO), no_input=True, output_dir=str(tmp_path), extra_context={"package_name": "lightning"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def render(output_dir: Path, **names: str) -> Path:
+    return Path(cookiecutter(str(REPO), no_input=True, output_dir=str(output_dir), extra_context=names))
+
+
+def run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+# The first project runs its whole suite; the others skip their slow tests, which exercise
+# the same renamed code again and would triple the time of this suite.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "names, package, markers",
+    [
+        ({"project_name": "leaf-disease detector"}, "leaf_disease_detector", ""),
+        ({"project_name": "Templates Lab", "package_name": "templates_lab"}, "templates_lab", "not slow"),
+        ({"project_name": "Bird Watch"}, "bird_watch", "not slow"),
+    ],
+)
+def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names, package, markers):
+    project = render(tmp_path, **names)
+    assert (project / package / "cli.py").is_file() and not (project / "template").exists()
+    assert not (project / "hooks").exists() and not (project / "cookiecutter.json").exists()
+    for path in project.rglob("*"):
+        if path.is_file() and path.name != ".cruft.json":
+            text = path.read_text(errors="ignore")
+            assert not LEFTOVER.findall(text), f"{path.relative_to(project)} still names the package template"
+    readme = (project / "README.md").read_text()
+    assert readme.startswith(f"# {names['project_name']}\n") and "make fit\nmake test\n" in readme
+    assert f'{package} = "{package}.cli:main"' in (project / "pyproject.toml").read_text()
+    assert (project / ".cruft.json").is_file()
+
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(project)]
+    run(pip, tmp_path)  # --no-deps: torch and the rest are the current environment's, not reinstalled
+    try:
+        selection = ["-m", markers] if markers else []
+        pytest_args = ["-q", "-p", "no:cacheprovider", *selection, "--nbmake", "tests", "notebooks"]
+        tests = run([sys.executable, "-m", "pytest", *pytest_args], project)
+        assert " passed" in tests.stdout and "failed" not in tests.stdout
+        fit = run([sys.executable, "-m", package, "fit", "--trainer.fast_dev_run", "true"], project)
+        assert "Trainer.fit` stopped" in fit.stderr + fit.stdout or "fast_dev_run" in fit.stderr + fit.stdout
+        script = Path(sys.executable).parent / package
+        assert run([str(script), "--help"], project).stdout.startswith(f"usage: {package}")
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "-y", package], capture_output=True)
+
+
+@pytest.mark.slow
+def test_cruft_update_brings_template_changes_and_keeps_user_edits(tmp_path):
+    # A temporary copy of the template as it is in this working tree, as a git repository.
+    template = tmp_path / "template-copy"
+    listed = run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], REPO).stdout
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            (template / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, template / name)
+    run(["git", "init", "-q"], template)
+    run(["git", "add", "-A"], template)
+    run([*GIT, "commit", "-qm", "template v1"], template)
+
+    cruft = [sys.executable, "-m", "cruft"]
+    out = tmp_path / "projects"
+    out.mkdir()
+    run([*cruft, "create", str(template), "--no-input", "--extra-context", '{"project_name": "Bird Watch"}'], out)
+    project = out / "bird-watch"
+    run(["git", "init", "-q"], project)
+    run(["git", "add", "-A"], project)
+    run([*GIT, "commit", "-qm", "generated"], project)
+    user_file = project / "configs" / "default.yaml"
+    user_file.write_text(user_file.read_text().replace("max_epochs: 30", "max_epochs: 12"))
+    run([*GIT, "commit", "-qam", "my own setting"], project)
+
+    augment = template / "template" / "data" / "augment.py"
+    augment.write_text(augment.read_text() + "\n\nTEMPLATE_CHANGE = 1  # from template.data import augment\n")
+    run([*GIT, "commit", "-qam", "template v2"], template)
+
+    run([*cruft, "update", "--skip-apply-ask", "--allow-untracked-files", "-y"], project)
+    updated = (project / "bird_watch" / "data" / "augment.py").read_text()
+    assert "TEMPLATE_CHANGE = 1  # from bird_watch.data import augment" in updated  # arrived, renamed
+    assert "max_epochs: 12" in user_file.read_text()  # the user's edit survived
+    assert not list(project.rglob("*.rej"))
+    recorded = (project / ".cruft.json").read_text()
+    assert run(["git", "rev-parse", "HEAD"], template).stdout.strip() in recorded
+
+
+def test_rename_script_is_the_same_route_without_cookiecutter(tmp_path):
+    script = [sys.executable, str(REPO / "hooks" / "rename.py"), str(REPO)]
+    run([*script, str(tmp_path / "bird"), "--project-name", "Bird Watch", "--author", "A. Person"], tmp_path)
+    project = tmp_path / "bird"
+    assert (project / "bird_watch" / "cli.py").is_file()
+    assert 'authors = [{ name = "A. Person" }]' in (project / "pyproject.toml").read_text()
+    assert not (project / "hooks").exists()
+    refused = subprocess.run([*script, str(tmp_path / "x"), "--project-name", "P", "--package-name", "torch"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "'torch' would shadow" in refused.stderr and not (tmp_path / "x").exists()
