@@ -1,8 +1,119 @@
-"""Finding checkpoints by name: ``--ckpt_path best`` and ``--ckpt_path last``."""
+"""Checkpoints that survive a killed process, load without running code, and are found by name."""
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from torch import nn
 
 CHECKPOINT_ALIASES = ("best", "last")
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """The checkpoint needs arbitrary pickled objects, which could run code when loaded."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file in the same directory, then renames it into place.
+
+    A reader never sees a partial file under a final name, whenever the process dies: the
+    rename is atomic, and the data is flushed and fsynced to disk before it. A write that
+    fails (a full disk, say) raises an error that says so and leaves the previous file intact.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own semantics
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
+            if stale.name != f".{path.name}.{os.getpid()}.tmp":
+                stale.unlink(missing_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with temporary.open("wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException as error:
+            temporary.unlink(missing_ok=True)
+            if isinstance(error, OSError):
+                kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+                reason = "the disk is full" if error.errno == errno.ENOSPC else (error.strerror or str(error))
+                raise OSError(error.errno, f"could not write checkpoint {path}: {reason}; {kept}") from error
+            raise
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # make the rename itself durable
+        finally:
+            os.close(directory)
+
+
+def check_checkpoint_is_safe(path: str | Path) -> None:
+    """Refuse a checkpoint that needs arbitrary pickled objects, without unpickling anything from it."""
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception as error:  # not a torch.save file at all
+        raise UnsafeCheckpointError(f"{path} is not a readable checkpoint: {error}") from error
+    if unsafe:
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it needs arbitrary pickled objects ({', '.join(unsafe[:5])}), and "
+            "unpickling them can run any code the file's author chose. Nothing from it was run. Load only "
+            "checkpoints you trust, and share weights as a state_dict of tensors or as safetensors."
+        )
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint on the CPU with ``weights_only=True``, after the safety check."""
+    check_checkpoint_is_safe(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Keep the keys under ``prefix`` (without it), minus wrapper prefixes (``module.``, ``_orig_mod.``)."""
+    stripped = {}
+    for key, value in state_dict.items():
+        while key.startswith("module."):  # DataParallel / DistributedDataParallel
+            key = key[len("module.") :]
+        key = key.replace("_orig_mod.", "")  # torch.compile, wherever the compiled module sat
+        if key.startswith(prefix):
+            stripped[key[len(prefix) :]] = value
+    return stripped
+
+
+def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True, prefix: str = "net.") -> None:
+    """Load network weights from a Lightning checkpoint, a state_dict file or a state_dict.
+
+    Keys are matched after dropping ``module.``/``_orig_mod.`` wrapper prefixes and the
+    LightningModule's ``net.`` prefix. With ``strict`` any missing or unexpected key is an
+    error that lists them by name; without, they are printed and the rest is loaded.
+    """
+    state_dict = load_checkpoint(source) if isinstance(source, str | Path) else source
+    state_dict = state_dict.get("state_dict", state_dict)
+    stripped = strip_prefixes(state_dict, prefix)
+    if not stripped:  # a plain network state_dict, without the module's prefix
+        stripped = strip_prefixes(state_dict)
+    expected = net.state_dict()
+    missing = sorted(set(expected) - set(stripped))
+    unexpected = sorted(set(stripped) - set(expected))
+    mismatched = sorted(k for k in set(stripped) & set(expected) if stripped[k].shape != expected[k].shape)
+    report = []
+    if missing:
+        report.append(f"missing from the checkpoint: {', '.join(missing)}")
+    if unexpected:
+        report.append(f"not in the network: {', '.join(unexpected)}")
+    if mismatched:
+        shapes = (f"{k} {tuple(stripped[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched)
+        report.append(f"different shapes (checkpoint vs network): {', '.join(shapes)}")
+    if report and strict:
+        raise RuntimeError("weights do not match the network; " + "; ".join(report) + " (strict: false loads the rest)")
+    for line in report:
+        print(f"not loaded, {line}")
+    net.load_state_dict({k: v for k, v in stripped.items() if k not in mismatched}, strict=False)
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:

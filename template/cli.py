@@ -10,13 +10,21 @@ import warnings
 from pathlib import Path
 
 from jsonargparse import Namespace
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 
-from template.callbacks import PredictionWriter
-from template.checkpoints import CHECKPOINT_ALIASES, find_checkpoint
+from template.callbacks import NonFiniteGuard, PredictionWriter, Preemption, ResumeState, RunRecord
+from template.checkpoints import (
+    CHECKPOINT_ALIASES,
+    AtomicCheckpointIO,
+    UnsafeCheckpointError,
+    check_checkpoint_is_safe,
+    find_checkpoint,
+)
 from template.data import ImageDataModule
 from template.module import ClassificationModule
 
@@ -28,6 +36,7 @@ PROGRAM = __package__  # the command's name is the package's: `template fit`, `p
 TRAINER_DEFAULTS = {
     "max_epochs": 30,
     "log_every_n_steps": 10,
+    "deterministic": False,
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": DEFAULT_RUNS_DIR, "name": "digits", "default_hp_metric": False},
@@ -47,10 +56,14 @@ class ClassificationCLI(LightningCLI):
     """LightningCLI with this project's defaults, argument links and run summary."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Best checkpoint by validation accuracy (never by test), plus last.ckpt to resume.
+        # The best checkpoint by validation accuracy (never by test), and last.ckpt, the
+        # latest state, rewritten every epoch, to resume from. (ModelCheckpoint's own
+        # save_last only copies whichever top-k checkpoint was saved last: not the latest.)
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
         parser.set_defaults(
             {
                 # A list the user may replace (`trainer.callbacks`) or extend (`trainer.callbacks+`).
@@ -58,9 +71,10 @@ class ClassificationCLI(LightningCLI):
                 "lr_monitor.logging_interval": "step",
                 "checkpoint.monitor": "val/acc",
                 "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
                 "checkpoint.filename": "best-epoch{epoch:03d}",
                 "checkpoint.auto_insert_metric_name": False,
+                "last_checkpoint.filename": "last",
+                "last_checkpoint.enable_version_counter": False,  # always last.ckpt, never last-v1.ckpt
                 "data": {"class_path": "template.data.DigitsDataModule"},
                 "model.net": {"class_path": "template.nets.ResNetSmall"},
                 "model.optimizer": {
@@ -86,14 +100,26 @@ class ClassificationCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand is None:
             return
+        if self.config[subcommand].get("weights_only") is None:
+            # Checkpoints hold tensors and primitives only: never unpickle anything else.
+            self.config[subcommand]["weights_only"] = True
         ckpt_path = self.config[subcommand].get("ckpt_path")
         if ckpt_path in CHECKPOINT_ALIASES:
             try:
-                resolved = find_checkpoint(ckpt_path, runs_dir(self.config[subcommand]))
+                ckpt_path = str(find_checkpoint(ckpt_path, runs_dir(self.config[subcommand])))
             except FileNotFoundError as error:
                 parser.error(str(error))
-            print(f"--ckpt_path {ckpt_path} -> {resolved}")
-            self.config[subcommand]["ckpt_path"] = str(resolved)
+            print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
+            self.config[subcommand]["ckpt_path"] = ckpt_path
+        if ckpt_path:
+            # LightningCLI reads the checkpoint's hyper-parameters next: check it first, so a
+            # doctored file is refused with a reason before any byte of it is unpickled.
+            if not Path(ckpt_path).is_file():
+                parser.error(f"--ckpt_path {ckpt_path}: no such file")
+            try:
+                check_checkpoint_is_safe(ckpt_path)
+            except UnsafeCheckpointError as error:
+                parser.error(str(error))
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
@@ -101,21 +127,37 @@ class ClassificationCLI(LightningCLI):
             # Evaluating a checkpoint restores its ModelCheckpoint state too; that the new run
             # directory differs from the training one is expected, not worth a warning.
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
-        if config.trainer.fast_dev_run:
-            # fast_dev_run turns the logger off, and last.ckpt would land in ./checkpoints.
-            config.checkpoint.save_last = False
+        # Speed by default (cuDNN picks the fastest kernels); `deterministic: true` trades it
+        # for bit-identical reruns: deterministic algorithms and no benchmark autotuning.
+        if config.trainer.deterministic:
+            config.trainer.benchmark = False
+        elif config.trainer.benchmark is None:
+            config.trainer.benchmark = True
+        logger = config.trainer.get("logger")
+        if is_tensorboard(logger):
+            # Absolute, so the checkpoint directory a resumed run sees is the one its
+            # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
+            logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
+            if self.subcommand == "fit" and config.get("ckpt_path"):
+                continue_run_directory(config.ckpt_path, logger)
+
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
 
     @rank_zero_only
     def after_fit(self) -> None:
-        checkpoint = self.trainer.checkpoint_callback
+        best, last = self._get(self.config_init, "checkpoint"), self._get(self.config_init, "last_checkpoint")
         run_dir = Path(self.trainer.log_dir or ".")
         lines = [f"run directory    {run_dir}"]
-        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
+        if best.best_model_path:
             lines += [
-                f"best checkpoint  {checkpoint.best_model_path}",
-                f"best {checkpoint.monitor:<11} {float(checkpoint.best_model_score):.4f}",
-                f"last checkpoint  {checkpoint.last_model_path}",
-                f"test it, once:   {PROGRAM} test --ckpt_path {checkpoint.best_model_path}",
+                f"best checkpoint  {best.best_model_path}",
+                f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
+                f"last checkpoint  {last.best_model_path}",
+                f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}",
             ]
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
         # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
@@ -125,10 +167,24 @@ class ClassificationCLI(LightningCLI):
             console.print(line, highlight=False)
 
 
+def is_tensorboard(logger) -> bool:
+    return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
+
+
+def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
+    """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
+    checkpoint = Path(ckpt_path).resolve()
+    run_dir = checkpoint.parent.parent
+    if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file():
+        logger.init_args.save_dir = str(run_dir.parent.parent)
+        logger.init_args.name = run_dir.parent.name
+        logger.init_args.version = run_dir.name
+
+
 def runs_dir(config: Namespace) -> str:
     """Where the configured TensorBoard logger writes its runs."""
     logger = config.get("trainer", {}).get("logger")
-    if isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger"):
+    if is_tensorboard(logger):
         return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
     return DEFAULT_RUNS_DIR
 
@@ -139,9 +195,13 @@ def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
         ClassificationModule,
         ImageDataModule,
         subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
+        # Always on, whatever `trainer.callbacks` says: the run record (env.json), the random
+        # state for exact resume, and the checkpoint on pre-emption. Fresh for every run.
+        trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunRecord(), ResumeState(), Preemption()]},
         seed_everything_default=42,
         auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
+        # A resumed run writes its config.yaml again, into the run directory it continues.
+        save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
     )
@@ -149,4 +209,7 @@ def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``template`` command and of ``python -m template``."""
-    cli(args)
+    try:
+        cli(args)
+    except SIGTERMException:  # the Preemption callback has saved a checkpoint and said where
+        raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended

@@ -1,5 +1,8 @@
 """Callbacks the default run turns on."""
 
+from template.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from template.callbacks.predictions import PredictionWriter
+from template.callbacks.resume import Preemption, ResumeState
+from template.callbacks.run_record import RunRecord
 
-__all__ = ["PredictionWriter"]
+__all__ = ["NonFiniteError", "NonFiniteGuard", "PredictionWriter", "Preemption", "ResumeState", "RunRecord"]

@@ -5,14 +5,15 @@ this class turns them into DataLoaders that yield whole batches by indexing, and
 augments and normalises each batch on the device (``on_after_batch_transfer``).
 """
 
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import lightning as L
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from template.data.augment import normalize, random_crop, random_hflip
 
@@ -37,6 +38,35 @@ class TensorImageDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> Split:
         index = torch.as_tensor(indices)
         return self.images[index], self.labels[index]
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
+
+    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
+    epoch's order reproducible without saving generator state, on one process or many. On
+    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
+    are left out until the next epoch; the epoch's length stays the same, so the Trainer
+    counts on from there.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+        self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
+        # The DataLoader draws its workers' base seed from this, not from the global generator:
+        # loading data then never moves the random stream that augmentation draws from.
+        self.loader_generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = self.consumed = 0
+        super().set_epoch(epoch)
+        self.loader_generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
+        return iter(list(super().__iter__())[self.skip :])
 
 
 def keep_batch(batch: Split) -> Split:
@@ -95,6 +125,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.crop_padding = crop_padding
         self.hflip = hflip
         self.datasets: dict[str, TensorImageDataset] = {}
+        self.train_sampler: ResumableSampler | None = None
+        self._resume_state: dict | None = None
         self.mean = torch.zeros(0)
         self.std = torch.ones(0)
 
@@ -125,23 +157,43 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
-        if train and len(dataset) < self.batch_size:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if train and len(dataset) < self.batch_size * world_size:
             raise ValueError(
-                f"the {split} split has {len(dataset)} images, fewer than batch_size={self.batch_size}: "
-                "with drop_last there would be no batch at all; lower data.batch_size"
+                f"the {split} split has {len(dataset)} images, fewer than batch_size={self.batch_size} x "
+                f"{world_size} device(s): with drop_last there would be no batch at all; lower data.batch_size"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            # A short last batch gives a noisy step and, with BatchNorm, bad statistics.
-            drop_last=train,
-            num_workers=self.num_workers,
-            collate_fn=keep_batch,
-            pin_memory=on_gpu,
-            persistent_workers=self.num_workers > 0,
-        )
+        settings = {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "collate_fn": keep_batch,
+            "pin_memory": on_gpu,
+            "persistent_workers": self.num_workers > 0,
+        }
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if not train:
+            generator = torch.Generator().manual_seed(seed)  # keeps the global random stream untouched
+            return DataLoader(dataset, shuffle=False, drop_last=False, generator=generator, **settings)
+        # Shuffle train only, and drop the short last batch: it gives a noisy step and, with
+        # BatchNorm, poor statistics. The run's seed (seed_everything) fixes the order.
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+        self.train_sampler = sampler
+        if self._resume_state:  # restored from a checkpoint before this loader existed
+            sampler.set_epoch(self._resume_state["epoch"])
+            sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
+            self._resume_state = None
+        return DataLoader(dataset, sampler=sampler, drop_last=True, generator=sampler.loader_generator, **settings)
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: where the training order stands, for a mid-epoch resume."""
+        if self.train_sampler is None:
+            return {}
+        return {"train_sampler": {"epoch": self.train_sampler.epoch, "samples_consumed": self.train_sampler.consumed}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_state = state.get("train_sampler")
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
@@ -161,6 +213,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         images, labels = batch  # uint8 (B, C, H, W) on the training device
         images = images.float()
         if self.trainer is not None and self.trainer.training:
+            if self.train_sampler is not None:
+                self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
             if self.crop_padding:
                 images = random_crop(images, self.crop_padding)
             if self.hflip:

@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
 
 from template.data import DigitsDataModule, stratified_split
+from template.data.base import ResumableSampler
 
 
 def test_stratified_split_is_disjoint_complete_and_keeps_proportions():
@@ -47,7 +48,12 @@ def test_loaders_shuffle_and_drop_last_on_train_only():
     data = DigitsDataModule(batch_size=32)
     data.setup("fit")
     train, val = data.train_dataloader(), data.val_dataloader()
-    assert isinstance(train.sampler, RandomSampler) and train.drop_last
+    assert isinstance(train.sampler, ResumableSampler) and train.drop_last
+    first_epoch = list(train.sampler)
+    assert sorted(first_epoch) == list(range(len(data.datasets["train"])))  # a permutation
+    assert first_epoch != sorted(first_epoch) and first_epoch == list(train.sampler)  # shuffled, by seed
+    train.sampler.set_epoch(1)
+    assert list(train.sampler) != first_epoch
     assert isinstance(val.sampler, SequentialSampler) and not val.drop_last
     assert not train.pin_memory and not train.persistent_workers  # CPU run, no workers
     images, labels = next(iter(train))
@@ -60,6 +66,28 @@ def test_persistent_workers_when_there_are_workers():
     data = DigitsDataModule(num_workers=1)
     data.setup("fit")
     assert data.train_dataloader().persistent_workers
+
+
+def test_mid_epoch_state_skips_what_was_trained_and_keeps_the_epoch_length():
+    data = DigitsDataModule(batch_size=32)
+    data.setup("fit")
+    loader = data.train_dataloader()
+    loader.sampler.set_epoch(3)
+    order = list(loader.sampler)
+    loader.sampler.consumed = 5 * 32  # five batches trained when the checkpoint was taken
+    state = data.state_dict()
+    assert state == {"train_sampler": {"epoch": 3, "samples_consumed": 160}}
+
+    resumed = DigitsDataModule(batch_size=32)
+    resumed.load_state_dict(state)  # Lightning restores the DataModule before asking for loaders
+    resumed.setup("fit")
+    resumed_loader = resumed.train_dataloader()
+    resumed_loader.sampler.set_epoch(3)  # the Trainer sets the same epoch again: the skip stays
+    assert len(resumed_loader) == len(loader)
+    assert [len(batch[1]) for batch in resumed_loader] == [32] * (len(loader) - 5)
+    assert list(resumed_loader.sampler) == order[160:]
+    resumed_loader.sampler.set_epoch(4)  # a new epoch starts from its beginning
+    assert len(list(resumed_loader.sampler)) == len(order)
 
 
 def test_batch_larger_than_the_train_split_is_refused():

@@ -1,0 +1,72 @@
+"""Writes env.json into the run directory: what a rerun needs to reproduce the run."""
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        result = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def environment_record(trainer: L.Trainer | None = None) -> dict:
+    """Versions, devices, code revision, seed, determinism settings and the command line."""
+    cuda = torch.cuda.is_available()
+    commit = _git("rev-parse", "HEAD")
+    program = Path(sys.argv[0])
+    program_name = f"python -m {program.parent.name}" if program.name == "__main__.py" else program.name
+    return {
+        "command": " ".join([program_name, shlex.join(sys.argv[1:])]).strip(),
+        "cwd": os.getcwd(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {package: _version(package) for package in PACKAGES},
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else ["cpu"],
+        "accelerator": type(trainer.accelerator).__name__ if trainer else None,
+        "world_size": trainer.world_size if trainer else 1,
+        "precision": trainer.precision if trainer else None,
+        "git": {"commit": commit, "dirty": bool(_git("status", "--porcelain")) if commit else None},
+        "seed": int(os.environ["PL_GLOBAL_SEED"]) if "PL_GLOBAL_SEED" in os.environ else None,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+    }
+
+
+class RunRecord(Callback):
+    """Saves ``env.json`` in the run directory at the start of every run (``env-2.json``... on a resume)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not trainer.is_global_zero or trainer.log_dir is None or not trainer.loggers:
+            return
+        run_dir = Path(trainer.log_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path, number = run_dir / "env.json", 1
+        while path.exists():  # a resumed run keeps the record of the first
+            number += 1
+            path = run_dir / f"env-{number}.json"
+        path.write_text(json.dumps(environment_record(trainer), indent=2) + "\n")

@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from template.callbacks import NonFiniteError
+from template.checkpoints import load_checkpoint
+from template.data import DigitsDataModule
+
+
+class NaNDigits(DigitsDataModule):
+    """The digits, with NaN pixels in the training batch of one global step."""
+
+    def __init__(self, nan_at_step: int = 30, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_at_step = nan_at_step
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        images, labels = super().on_after_batch_transfer(batch, dataloader_idx)
+        if self.trainer.training and self.trainer.global_step == self.nan_at_step:
+            images = images.clone()
+            images[0, 0, 0, 0] = float("nan")
+        return images, labels
+
+
+def test_a_nan_stops_training_naming_the_step_and_the_last_checkpoint_stays_good(run_cli):
+    # 1,168 training digits in batches of 64: 18 steps an epoch, so step 30 is epoch 1, batch 12.
+    with pytest.raises(
+        NonFiniteError, match=r"non-finite loss, gradient norm at global step 30, epoch 1, batch index 12"
+    ):
+        run_cli("fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3")
+    last = next(run_cli.runs_dir.glob("digits/version_0/checkpoints/last.ckpt"))
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 18
+    assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
+
+
+def test_skip_mode_skips_the_step_counts_it_and_training_goes_on(run_cli):
+    run = run_cli("fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3", "--nonfinite.skip", "true")
+    run_dir = Path(run.trainer.log_dir)
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert checkpoint["epoch"] == 2
+    assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())  # BN statistics too
+    assert run.trainer.callback_metrics["val/acc"] > 0.5
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [event.value for event in events.Scalars("train/skipped_steps")][-1] == 1.0

@@ -1,0 +1,127 @@
+"""Exact resume, pre-emption and reproducibility, on real runs of the CLI."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from template.checkpoints import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+DETERMINISTIC = ["--trainer.deterministic", "true", "--trainer.log_every_n_steps", "5"]
+
+
+class StopAfterEpochs(L.Callback):
+    """Ends fit after ``epochs`` epochs without changing max_epochs (and so the LR schedule)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(checkpoint)["state_dict"]
+
+
+def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_k_epochs_then_resume_equals_a_straight_run(run_cli, tmp_path):
+    straight = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC)
+    straight_dir = Path(straight.trainer.log_dir)
+
+    stop = tmp_path / "stop.yaml"
+    stop.write_text(
+        "trainer:\n  callbacks:\n    - class_path: test_resume.StopAfterEpochs\n      init_args: {epochs: 2}\n"
+    )
+    first = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, "--config", str(stop))
+    resumed_dir = Path(first.trainer.log_dir)
+    assert load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["epoch"] == 1  # stopped after 2 of 4
+    resumed = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, "--ckpt_path", "last")
+
+    assert Path(resumed.trainer.log_dir) == resumed_dir  # logging went on in the same run directory
+    assert (resumed_dir / "env.json").is_file() and (resumed_dir / "env-2.json").is_file()
+    assert_same_weights(
+        weights(straight_dir / "checkpoints" / "last.ckpt"), weights(resumed_dir / "checkpoints" / "last.ckpt")
+    )
+    logged, relogged = scalars(straight_dir), scalars(resumed_dir)
+    assert {"val/acc", "val/loss", "train/loss"} <= logged.keys()
+    assert logged == relogged  # every tag, every step, every value
+
+
+@pytest.mark.slow
+def test_two_deterministic_runs_give_identical_weights(run_cli):
+    runs = [run_cli("fit", "--trainer.max_epochs", "2", *DETERMINISTIC) for _ in range(2)]
+    first, second = (Path(run.trainer.log_dir) / "checkpoints" / "last.ckpt" for run in runs)
+    assert_same_weights(weights(first), weights(second))
+    record = json.loads((first.parent.parent / "env.json").read_text())
+    assert record["seed"] == 42 and record["deterministic_algorithms"] is True and record["cudnn_benchmark"] is False
+    assert record["packages"]["torch"] == torch.__version__.split("+")[0]
+
+
+def fit_command(runs_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "template", "fit",
+        "--trainer.logger.init_args.save_dir", str(runs_dir),
+        "--trainer.callbacks", "[]",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.max_epochs", "8",
+        "--trainer.deterministic", "true",
+        "--data.init_args.batch_size", "16",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_run_resumes_exactly(tmp_path):
+    straight = subprocess.run(fit_command(tmp_path / "straight"), capture_output=True, text=True, cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    runs = tmp_path / "preempted"
+    process = subprocess.Popen(
+        fit_command(runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    checkpoints = runs / "digits" / "version_0" / "checkpoints"
+    deadline = time.time() + 120
+    while not (checkpoints / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.02)  # the first epoch is done: training is under way
+    time.sleep(0.15)  # somewhere inside the second epoch
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    preempted = checkpoints / "preempted.ckpt"
+    assert "Stopped by SIGTERM after global step" in stderr and str(preempted) in stderr
+    record = json.loads((runs / "digits" / "version_0" / "env.json").read_text())
+    assert record["command"].startswith("python -m template fit --trainer.logger.init_args.save_dir")
+    stopped_at = load_checkpoint(preempted)["global_step"]
+    assert 0 < stopped_at < 8 * (1150 // 16)
+
+    resumed = subprocess.run(
+        fit_command(runs, "--ckpt_path", str(preempted)), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = load_checkpoint(checkpoints / "last.ckpt")
+    assert final["epoch"] == 7
+    assert_same_weights(
+        weights(tmp_path / "straight" / "digits" / "version_0" / "checkpoints" / "last.ckpt"), final["state_dict"]
+    )

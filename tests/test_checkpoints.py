@@ -1,0 +1,135 @@
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from template.checkpoints import (
+    AtomicCheckpointIO,
+    UnsafeCheckpointError,
+    check_checkpoint_is_safe,
+    load_checkpoint,
+    load_weights,
+)
+from template.cli import cli
+from template.nets import ResNetSmall
+
+WRITER = """
+import sys, torch
+from template.checkpoints import AtomicCheckpointIO
+io, path, step = AtomicCheckpointIO(), sys.argv[1], 0
+while True:
+    step += 1
+    io.save_checkpoint({"step": step, "weights": torch.full((1_000_000,), float(step))}, path)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_writing_never_leaves_a_partial_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    rng = random.Random(0)
+    kills_mid_write = 0
+    for _ in range(10):
+        before = path.stat().st_mtime_ns if path.exists() else None
+        child = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
+        deadline = time.time() + 60
+        while time.time() < deadline:  # wait until this child is past its imports and writing
+            if path.exists() and path.stat().st_mtime_ns != before:
+                break
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        kills_mid_write += any(tmp_path.glob(".last.ckpt.*.tmp"))
+        checkpoint = torch.load(path, weights_only=True)  # whatever moment it died, this loads
+        assert torch.all(checkpoint["weights"] == checkpoint["step"])
+    assert kills_mid_write > 0  # the kills did land in the middle of writes
+
+
+def test_a_failed_save_says_so_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def disk_full(obj, file):
+        file.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(
+        OSError, match=r"could not write checkpoint .*last.ckpt: the disk is full; the previous last.ckpt is intact"
+    ):
+        io.save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+class Payload:
+    """Unpickling this runs a shell command: what a doctored checkpoint could do."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def doctored_checkpoint(tmp_path):
+    marker, path = tmp_path / "code-ran", tmp_path / "doctored.ckpt"
+    state = {f"net.{k}": v for k, v in ResNetSmall(10, 1).state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": {"payload": Payload(marker)}}, path)
+    return path, marker
+
+
+def test_the_doctored_checkpoint_really_runs_code_when_unpickled(tmp_path):
+    path, marker = doctored_checkpoint(tmp_path)
+    torch.load(path, weights_only=False)
+    assert marker.exists()  # so the refusals below are what keeps it from running
+
+
+def test_predict_refuses_a_checkpoint_that_would_run_code(tmp_path, capsys, monkeypatch):
+    path, marker = doctored_checkpoint(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["predict", "--ckpt_path", str(path)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "refusing to load" in error and "system" in error and "Nothing from it was run" in error
+    with pytest.raises(UnsafeCheckpointError):
+        load_weights(ResNetSmall(10, 1), path)
+    with pytest.raises(UnsafeCheckpointError):
+        check_checkpoint_is_safe(path)
+    assert not marker.exists()
+
+
+def test_load_weights_strips_wrapper_prefixes_and_names_mismatches(tmp_path, capsys):
+    source = ResNetSmall(10, 1)
+    wrapped = {f"net._orig_mod.{k}": v for k, v in source.state_dict().items()}  # compiled, inside the module
+    wrapped = {f"module.{k}": v for k, v in wrapped.items()}  # and DDP around it all
+    torch.save({"state_dict": wrapped}, tmp_path / "wrapped.ckpt")
+    target = ResNetSmall(10, 1)
+    load_weights(target, tmp_path / "wrapped.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+
+    changed = ResNetSmall(5, 1)  # another head, and one layer more below
+    changed.extra = nn.Linear(2, 2)
+    with pytest.raises(
+        RuntimeError,
+        match=r"missing from the checkpoint: extra.bias, extra.weight.*head.weight \(10, 128\) vs \(5, 128\)",
+    ):
+        load_weights(changed, source.state_dict())
+    load_weights(changed, source.state_dict(), strict=False)
+    printed = capsys.readouterr().out
+    assert "not loaded, missing from the checkpoint: extra.bias, extra.weight" in printed
+    assert torch.equal(changed.stem[0].weight, source.stem[0].weight)  # the rest did load
+
+
+def test_load_checkpoint_reads_lightning_checkpoints(tmp_path):
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"net.w": torch.ones(2)}, "epoch": 3}, tmp_path / "a.ckpt")
+    assert load_checkpoint(tmp_path / "a.ckpt")["epoch"] == 3
