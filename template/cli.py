@@ -6,6 +6,7 @@ so a misspelt key or a wrongly typed value fails before any training starts.
 """
 
 import logging
+import sys
 import warnings
 from pathlib import Path
 
@@ -200,6 +201,7 @@ def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
         trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunRecord(), ResumeState(), Preemption()]},
         seed_everything_default=42,
         auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
+        parser_kwargs={"description": f"Train and evaluate image classifiers. Also: {PROGRAM} export --help"},
         # A resumed run writes its config.yaml again, into the run directory it continues.
         save_config_kwargs={"overwrite": True},
         args=args,
@@ -209,6 +211,11 @@ def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``template`` command and of ``python -m template``."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["export"]:  # not a Trainer method, so not a LightningCLI subcommand
+        from template.export import main as export
+
+        return export(argv[1:])
     try:
         cli(args)
     except SIGTERMException:  # the Preemption callback has saved a checkpoint and said where

@@ -1,0 +1,118 @@
+"""``template export``: a trained network as safetensors, TorchScript or ONNX, checked for parity.
+
+    template export --ckpt_path runs/digits/version_0/checkpoints/best-epoch015.ckpt --format onnx
+
+The network is rebuilt from the hyper-parameters stored in the checkpoint, its weights are
+loaded without unpickling anything but tensors, and the exported file is then run on the
+same batch as the original: the largest absolute difference of their logits is reported,
+and the export fails above the tolerance.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentParser
+from torch import nn
+
+from template.checkpoints import UnsafeCheckpointError, load_checkpoint, load_weights
+
+FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
+
+
+def build_network(hparams: dict[str, Any]) -> nn.Module:
+    """Instantiate the network the checkpoint was trained with (an ``nn.Module`` subclass only)."""
+    config = hparams.get("net")
+    if not isinstance(config, dict) or "class_path" not in config:
+        raise ValueError(
+            "the checkpoint does not say which network it holds (no net class_path in its hyper-parameters); "
+            "it was not written by this project's CLI"
+        )
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(nn.Module, "net")
+    try:  # refuses a class_path that is not a network before anything is called
+        parsed = parser.parse_object({"net": config})
+    except Exception as error:
+        raise ValueError(f"the checkpoint's network {config.get('class_path')!r} cannot be built: {error}") from None
+    return parser.instantiate_classes(parsed).net
+
+
+def export_safetensors(net: nn.Module, path: Path, hparams: dict[str, Any]) -> nn.Module:
+    from safetensors.torch import load_file, save_file
+
+    metadata = {key: json.dumps(hparams[key]) for key in ("net", "class_names", "input_shape") if key in hparams}
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path), metadata=metadata)
+    fresh = build_network(hparams)  # the safetensors file must load into a network built anew
+    fresh.load_state_dict(load_file(str(path)))
+    return fresh.eval()
+
+
+def export_torchscript(net: nn.Module, path: Path, example: torch.Tensor) -> nn.Module:
+    torch.jit.save(torch.jit.trace(net, example), str(path))
+    return torch.jit.load(str(path))
+
+
+def export_onnx(net: nn.Module, path: Path, example: torch.Tensor):
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise RuntimeError("ONNX export needs the export extra: pip install -e '.[export]'") from error
+    batch = torch.export.Dim("batch", min=1)
+    torch.onnx.export(net, (example,), str(path), dynamo=True, dynamic_shapes=({0: batch},), external_data=False)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda images: torch.from_numpy(session.run(None, {name: images.numpy()})[0])
+
+
+def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, tolerance: float = 1e-4) -> Path:
+    """Export the network of a checkpoint; returns the path written. Raises if parity fails."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    checkpoint = load_checkpoint(ckpt_path)  # refuses pickled objects before reading anything
+    hparams = checkpoint.get("hyper_parameters", {})
+    net = build_network(hparams)
+    load_weights(net, checkpoint, strict=True)
+    net.eval()
+    if not hparams.get("input_shape"):
+        raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
+    path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.randn(2, *hparams["input_shape"])
+    if fmt == "safetensors":
+        exported = export_safetensors(net, path, hparams)
+    elif fmt == "torchscript":
+        exported = export_torchscript(net, path, example)
+    else:
+        exported = export_onnx(net, path, example)
+
+    # Parity on a fresh batch of another size than the example (dynamic batch dimension).
+    batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = (exported(batch).float() - net(batch).float()).abs().max().item()
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    print(f"parity: max |exported - original| = {difference:.3g} on a batch of {len(batch)} (tolerance {tolerance:g})")
+    if not difference <= tolerance:
+        raise RuntimeError(f"the {fmt} export differs from the original by {difference:.3g} > {tolerance:g}")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{__package__} export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
+    parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
+    parser.add_argument("--output", help="where to write (default: beside the checkpoint)")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed logit difference")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    parser = build_parser()
+    options = parser.parse_args(args)
+    try:
+        export(options.ckpt_path, options.fmt, options.output, options.tolerance)
+    except (UnsafeCheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
