@@ -128,6 +128,11 @@ class ClassificationCLI(LightningCLI):
             # Evaluating a checkpoint restores its ModelCheckpoint state too; that the new run
             # directory differs from the training one is expected, not worth a warning.
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
+        if config.trainer.enable_progress_bar is False and config.trainer.callbacks:
+            # The default callbacks include a progress bar; turning bars off should just work.
+            config.trainer.callbacks = [
+                callback for callback in config.trainer.callbacks if "ProgressBar" not in callback.class_path
+            ]
         # Speed by default (cuDNN picks the fastest kernels); `deterministic: true` trades it
         # for bit-identical reruns: deterministic algorithms and no benchmark autotuning.
         if config.trainer.deterministic:

@@ -41,3 +41,26 @@ def run_cli(tmp_path: Path, monkeypatch):
 
     run.runs_dir = runs_dir
     return run
+
+
+def write_image_folder(root: Path, classes=("cat", "dog", "owl"), per_class=12, splits=("train",), size=(20, 24)):
+    """Small real image files (PNG and JPEG, alternately), each class a distinct colour plus noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]
+    for split in splits:
+        for index, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for number in range(per_class):
+                pixels = np.array(colours[index % 4])[None, None] + rng.normal(0, 30, (*size, 3))
+                image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+                image.save(folder / f"{number:03d}.{'jpg' if number % 2 else 'png'}")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    return write_image_folder(tmp_path / "images", splits=("train", "test"))

@@ -6,7 +6,12 @@ global torch generator of the batch's device, which ``seed_everything`` seeds.
 """
 
 import torch
-import torch.nn.functional as F
+
+
+def reflect_pad(images: torch.Tensor, padding: int) -> torch.Tensor:
+    """F.pad(mode="reflect") for any dtype, uint8 included, so crops can run before the float copy."""
+    images = torch.cat([images[:, :, 1 : padding + 1].flip(2), images, images[:, :, -padding - 1 : -1].flip(2)], 2)
+    return torch.cat([images[..., 1 : padding + 1].flip(3), images, images[..., -padding - 1 : -1].flip(3)], 3)
 
 
 def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
@@ -14,20 +19,25 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
     if padding == 0:
         return images
     batch, channels, height, width = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding), mode="reflect")  # (B, C, H+2p, W+2p)
-    top = torch.randint(0, 2 * padding + 1, (batch, 1), device=images.device)
-    left = torch.randint(0, 2 * padding + 1, (batch, 1), device=images.device)
-    rows = top + torch.arange(height, device=images.device)  # (B, H)
-    cols = left + torch.arange(width, device=images.device)  # (B, W)
-    batch_index = torch.arange(batch, device=images.device)[:, None, None, None]
-    channel_index = torch.arange(channels, device=images.device)[None, :, None, None]
-    return padded[batch_index, channel_index, rows[:, None, :, None], cols[:, None, None, :]]
+    padded = reflect_pad(images, padding).contiguous()  # (B, C, H+2p, W+2p)
+    # A strided view of every window of every image, (B, 2p+1, 2p+1, C, H, W), without copying;
+    # indexing it picks one window per image in a single copy.
+    b_stride, c_stride, h_stride, w_stride = padded.stride()
+    windows = padded.as_strided(
+        (batch, 2 * padding + 1, 2 * padding + 1, channels, height, width),
+        (b_stride, h_stride, w_stride, c_stride, h_stride, w_stride),
+    )
+    top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
+    left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
+    return windows[torch.arange(batch, device=images.device), top, left]
 
 
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:
     """Mirror each image left-right with the given probability."""
     flip = torch.rand(images.shape[0], device=images.device) < probability
-    return torch.where(flip[:, None, None, None], images.flip(3), images)
+    images = images.clone()
+    images[flip] = images[flip].flip(3)
+    return images
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,20 @@ class ResumableSampler(DistributedSampler):
         return iter(list(super().__iter__())[self.skip :])
 
 
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
+        total += block.sum(dim=(0, 2, 3))
+        squares += block.square().sum(dim=(0, 2, 3))
+    count = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / count
+    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+    return mean.float(), std.float().clamp_min(1e-6)
+
+
 def keep_batch(batch: Split) -> Split:
     """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
     return batch
@@ -85,6 +99,13 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
     """
     if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
         raise ValueError(f"split fractions {list(fractions)} must be positive and sum to less than 1")
+    classes = len(np.unique(labels))
+    for fraction in fractions:
+        if round(fraction * len(labels)) < classes:
+            raise ValueError(
+                f"a split of {fraction} of {len(labels)} images holds {round(fraction * len(labels))}, fewer "
+                f"than the {classes} classes it must each contain; raise the fraction or add images"
+            )
     remaining = np.arange(len(labels))
     parts = []
     share = 1.0
@@ -136,7 +157,19 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     @abstractmethod
     def load_split(self, split: str) -> Split:
-        """Return uint8 images (N, C, H, W) and int64 labels of ``split`` (train, val or test)."""
+        """Return uint8 images (N, C, H, W) and int64 labels of ``split`` (train, val, test or predict)."""
+
+    def make_dataset(self, split: str) -> Dataset:
+        """The dataset of one split; by default the in-memory uint8 images of ``load_split``."""
+        return TensorImageDataset(*self.load_split(split))
+
+    def loader_workers(self, dataset: Dataset) -> int:
+        """DataLoader worker processes for ``dataset``."""
+        return self.num_workers
+
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std in [0, 1], from the training split only."""
+        return channel_stats(self.datasets["train"].images)
 
     def setup(self, stage: str) -> None:
         # Only what the stage needs: the test split is loaded by `test` alone, so no
@@ -145,15 +178,13 @@ class ImageDataModule(L.LightningDataModule, ABC):
             "fit": ["train", "val"],
             "validate": ["train", "val"],
             "test": ["train", "test"],
-            "predict": ["train", "test"],
+            "predict": ["train", "predict"],
         }[stage]
         for split in needed:
             if split not in self.datasets:
-                self.datasets[split] = TensorImageDataset(*self.load_split(split))
-        # Normalisation statistics come from the training split only.
-        train = self.datasets["train"].images.float().div(255)
-        self.mean = train.mean(dim=(0, 2, 3))
-        self.std = train.std(dim=(0, 2, 3)).clamp_min(1e-6)
+                self.datasets[split] = self.make_dataset(split)
+        if len(self.mean) == 0:
+            self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
@@ -164,12 +195,14 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"{world_size} device(s): with drop_last there would be no batch at all; lower data.batch_size"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        workers = self.loader_workers(dataset)
         settings = {
             "batch_size": self.batch_size,
-            "num_workers": self.num_workers,
-            "collate_fn": keep_batch,
+            "num_workers": workers,
+            # In-memory datasets hand out whole batches (__getitems__); file datasets, items.
+            "collate_fn": keep_batch if isinstance(dataset, TensorImageDataset) else None,
             "pin_memory": on_gpu,
-            "persistent_workers": self.num_workers > 0,
+            "persistent_workers": workers > 0,
         }
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         if not train:
@@ -205,19 +238,20 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return self._loader("test", train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", train=False)
+        return self._loader("predict", train=False)
 
     def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
         if isinstance(batch, torch.Tensor):
             return batch  # the model summary's example input, not a data batch
-        images, labels = batch  # uint8 (B, C, H, W) on the training device
-        images = images.float()
-        if self.trainer is not None and self.trainer.training:
-            if self.train_sampler is not None:
-                self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-            if self.crop_padding:
-                images = random_crop(images, self.crop_padding)
-            if self.hflip:
+        images, labels = batch  # (B, C, H, W) on the training device
+        training = self.trainer is not None and self.trainer.training
+        if training and self.train_sampler is not None:
+            self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
+        if images.dtype == torch.uint8:  # cached images: augment here, on whole batches
+            if training and self.crop_padding:
+                images = random_crop(images, self.crop_padding)  # on uint8: a quarter of the bytes
+            if training and self.hflip:
                 images = random_hflip(images)
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return normalize(images.div_(255), mean, std), labels
+            images = images.float().div_(255)
+        # (float images were decoded and augmented in DataLoader workers: streaming)
+        return normalize(images, self.mean.to(images.device), self.std.to(images.device)), labels

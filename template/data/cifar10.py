@@ -98,7 +98,7 @@ class CIFAR10DataModule(ImageDataModule):
     def load_split(self, split: str) -> Split:
         self.prepare_data()  # also checks the files when prepare_data was not called (e.g. from Python)
         folder = self.root / FOLDER
-        if split == "test":
+        if split in ("test", "predict"):
             return read_batches(folder, TEST_FILES)
         if self._train is None:
             self._train = read_batches(folder, TRAIN_FILES)

@@ -52,7 +52,7 @@ class DigitsDataModule(ImageDataModule):
             self.split_indices = {"train": train, "val": val, "test": test}
             # predict serves the test split; name each row by its index in load_digits().
             self.predict_ids = [f"digits[{index}]" for index in test]
-        index = self.split_indices[split]
+        index = self.split_indices["test" if split == "predict" else split]
         # Pixel values are 0..16; scale to the 0..255 uint8 range every source uses.
         images = np.round(digits.images[index] * (255 / 16)).astype(np.uint8)[:, None]  # (N, 1, 8, 8)
         return torch.from_numpy(images), torch.from_numpy(digits.target[index]).long()

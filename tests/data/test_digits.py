@@ -27,6 +27,11 @@ def test_split_depends_on_its_seed_only():
     assert not np.array_equal(a[1], stratified_split(labels, [0.2], seed=1)[1])
 
 
+def test_a_split_too_small_for_every_class_is_refused_clearly():
+    with pytest.raises(ValueError, match="holds 2, fewer than the 4 classes"):
+        stratified_split(np.repeat(np.arange(4), 10), [0.05], seed=0)
+
+
 @pytest.mark.parametrize("fractions", [[0.5, 0.5], [0.0], [-0.1]])
 def test_split_refuses_bad_fractions(fractions):
     with pytest.raises(ValueError, match="fractions"):

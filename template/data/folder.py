@@ -1,0 +1,251 @@
+"""Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from template.data.base import ImageDataModule, Split, TensorImageDataset, channel_stats, stratified_split
+from template.data.cache import decode, decode_all, fingerprint, load_or_build
+
+MAX_LISTED = 20  # offending files named in an error; the count covers them all
+
+
+def list_class_folders(folder: Path) -> dict[str, list[Path]]:
+    """{class name: sorted files} of ``folder/<class>/*``; hidden files and folders are ignored."""
+    classes = {}
+    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        classes[class_dir.name] = sorted(
+            p for p in class_dir.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts)
+        )
+    return classes
+
+
+def describe(paths: list[str], what: str) -> str:
+    listed = "\n  ".join(paths[:MAX_LISTED])
+    more = f"\n  ... and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
+    return f"{len(paths)} {what}:\n  {listed}{more}"
+
+
+class FileDataset(Dataset):
+    """Decodes one file per item in a DataLoader worker and applies torchvision transforms v2."""
+
+    def __init__(self, files: list[Path], labels: list[int], mode: str, transform: v2.Transform) -> None:
+        self.files, self.labels, self.mode, self.transform = files, labels, mode, transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with Image.open(self.files[index]) as image:
+            image = image.convert(self.mode)
+        return self.transform(image), self.labels[index]
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Images in class folders, decoded once into a cache or streamed from the files.
+
+    Class names are the folder names of ``root/train``, sorted; they travel in the
+    checkpoint so ``predict`` can name its answers. Without ``root/val``, a stratified,
+    seeded share of ``root/train`` is held out for validation. ``root/test`` is read only
+    by ``test``.
+
+    Args:
+        root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
+        image_size: images are resized to cover this size and centre-cropped (side, or (H, W)).
+        channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
+        batch_size: images per batch on each device.
+        val_fraction: share of ``train`` held out for validation when there is no ``val/``.
+        split_seed: seed of that split alone.
+        num_workers: processes that decode images: the cache build, or streaming. Cached
+            batches are indexed in the main process, where workers would only add copies.
+        cache: decode every image once into a uint8 memmap and augment whole batches on the
+            device (fast); ``None`` turns it on for images up to ``cache_max_size``.
+        cache_dir: where cache files live; each is keyed by the files and settings.
+        cache_max_size: the largest side that ``cache: null`` caches.
+        mean: per-channel mean in [0, 1]; computed from the training split when not given.
+        std: per-channel standard deviation, likewise.
+        skip_invalid: leave out unreadable files (counted and named in a warning) instead
+            of stopping with an error that names them.
+        predict_path: a folder (searched recursively) or a list of image files for ``predict``.
+        crop_padding: reflect padding of the random crop (cached path).
+        hflip: mirror training images at random.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int | tuple[int, int] = 32,
+        channels: Literal["rgb", "grayscale"] = "rgb",
+        batch_size: int = 128,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        num_workers: int = 2,
+        cache: bool | None = None,
+        cache_dir: str = ".cache/images",
+        cache_max_size: int = 64,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        skip_invalid: bool = False,
+        predict_path: str | list[str] | None = None,
+        crop_padding: int = 4,
+        hflip: bool = True,
+    ) -> None:
+        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.mode = "RGB" if channels == "rgb" else "L"
+        self.in_channels = 3 if channels == "rgb" else 1
+        self.cache = max(self.image_size) <= cache_max_size if cache is None else cache
+        self.cache_dir = Path(cache_dir)
+        self.val_fraction, self.split_seed, self.skip_invalid = val_fraction, split_seed, skip_invalid
+        self.given_stats = (mean, std) if mean is not None and std is not None else None
+        self.predict_path = predict_path
+        self.folders = self._scan()
+        self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray]] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+        self.split_files: dict[str, list[Path]] = {}
+        self.class_names = sorted(self.folders["train"])
+        self.num_classes = len(self.class_names)
+
+    def _scan(self) -> dict[str, dict[str, list[Path]]]:
+        """Check the layout before anything is decoded; every problem is named."""
+        train = self.root / "train"
+        if not train.is_dir():
+            raise FileNotFoundError(
+                f"no train/ folder in {self.root.resolve()}: expected {self.root}/train/<class>/<image files>"
+            )
+        folders = {split: list_class_folders(self.root / split) for split in ("train", "val", "test")
+                   if (self.root / split).is_dir()}  # fmt: skip
+        if not folders["train"]:
+            raise ValueError(f"{train} has no class folders: expected {train}/<class>/<image files>")
+        empty = [str(self.root / split / name) for split, classes in folders.items()
+                 for name, files in classes.items() if not files]  # fmt: skip
+        if empty:
+            raise ValueError(describe(empty, "empty class folder(s); remove them or add images"))
+        for split in ("val", "test"):
+            unknown = sorted(set(folders.get(split, {})) - set(folders["train"]))
+            if unknown:
+                raise ValueError(
+                    f"{split}/ has class folder(s) that train/ lacks: {', '.join(unknown)}. The model can only "
+                    f"learn classes it trains on; add them to {train} or remove them from {self.root / split}"
+                )
+        return folders
+
+    def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
+        if split not in self.folders:
+            raise FileNotFoundError(
+                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/*"
+            )
+        classes = self.folders[split]
+        files = [path for name in sorted(classes) for path in classes[name]]
+        labels = [self.class_names.index(name) for name in sorted(classes) for _ in classes[name]]
+        return files, np.array(labels, dtype=np.int64)
+
+    def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
+        """Unreadable files of one source folder: from the cache build, or from one checking pass."""
+        if self.cache:
+            images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
+            self._arrays[split] = images
+            return invalid
+        record = self.cache_dir / f"{split}-{fingerprint(files, {'check': self.mode})}.check.json"
+        if record.is_file():  # this exact file list was checked before
+            return {int(index): reason for index, reason in json.loads(record.read_text()).items()}
+        description = f"checking {split} ({len(files)} files)"
+        invalid = {
+            i: error for i, _, error in decode_all(files, (8, 8), self.mode, self.num_workers, description) if error
+        }
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(invalid))
+        return invalid
+
+    def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
+        """Files, labels and the indices of the readable ones, for a source folder."""
+        if split not in self._sources:
+            files, labels = self._files(split)
+            invalid = self._invalid(split, files)
+            if invalid:
+                named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
+                if not self.skip_invalid:
+                    raise ValueError(
+                        describe(named, f"unreadable file(s) in {self.root / split}")
+                        + "\nRemove or replace them, or set data.skip_invalid: true to leave them out."
+                    )
+                rank_zero_warn(describe(named, f"unreadable file(s) left out of {split} (skip_invalid)"))
+            keep = np.array([index for index in range(len(files)) if index not in invalid], dtype=np.int64)
+            self._sources[split] = (files, labels, keep)
+        return self._sources[split]
+
+    def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
+        if split == "predict":
+            return self._predict_files(), np.full(len(self._predict_files()), -1, dtype=np.int64)
+        if split not in self.folders:
+            raise FileNotFoundError(
+                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/*"
+            )
+        classes = self.folders[split]
+        files = [path for name in sorted(classes) for path in classes[name]]
+        labels = [self.class_names.index(name) for name in sorted(classes) for _ in classes[name]]
+        return files, np.array(labels, dtype=np.int64)
+
+    def _predict_files(self) -> list[Path]:
+        if self.predict_path is None:
+            raise ValueError("predict needs images: set data.init_args.predict_path to a folder or a list of files")
+        paths = [self.predict_path] if isinstance(self.predict_path, str) else self.predict_path
+        files = []
+        for path in map(Path, paths):
+            if path.is_dir():
+                files += sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            elif path.is_file():
+                files.append(path)
+            else:
+                raise FileNotFoundError(f"data.predict_path: {path} does not exist")
+        return files
+
+    def load_split(self, split: str) -> Split:
+        """uint8 images (cached path) or None (streaming), and labels; records the files used."""
+        source = "train" if split == "val" and "val" not in self.folders else split
+        files, labels, keep = self._source(source)
+        if split in ("train", "val") and "val" not in self.folders:
+            train, val = stratified_split(labels[keep], [self.val_fraction], self.split_seed)
+            keep = keep[train if split == "train" else val]
+        self.split_files[split] = [files[index] for index in keep]
+        if split == "predict":
+            self.predict_ids = [str(path) for path in self.split_files[split]]
+        images = torch.from_numpy(np.asarray(self._arrays[source][keep])) if self.cache else None
+        return images, torch.from_numpy(labels[keep])
+
+    def make_dataset(self, split: str) -> Dataset:
+        images, labels = self.load_split(split)
+        if images is not None:
+            return TensorImageDataset(images, labels)
+        steps = [v2.ToImage()]
+        if split == "train":
+            steps += [v2.RandomResizedCrop(self.image_size, antialias=True)]
+            steps += [v2.RandomHorizontalFlip()] if self.hflip else []
+        else:  # the same view of each image as the cache gives: cover the size, centre crop
+            steps += [v2.Resize(min(self.image_size), antialias=True), v2.CenterCrop(self.image_size)]
+        # Normalisation happens on the device, in on_after_batch_transfer, as for cached images.
+        transform = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True)])
+        return FileDataset(self.split_files[split], labels.tolist(), self.mode, transform)
+
+    def loader_workers(self, dataset: Dataset) -> int:
+        # Indexing a memmap is a copy; worker processes would only add another (and IPC).
+        return 0 if isinstance(dataset, TensorImageDataset) else self.num_workers
+
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.given_stats is not None:
+            return self.given_stats
+        if self.cache:
+            return super().normalization()
+        # Streaming: from an even sample of up to 2,000 training images, at the training size.
+        files = self.split_files["train"]
+        sample = files[:: max(1, len(files) // 2000)]
+        return channel_stats(torch.from_numpy(np.stack([decode(p, self.image_size, self.mode) for p in sample])))

@@ -1,0 +1,157 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from template.data import ImageFolderDataModule
+from template.data.folder import FileDataset
+
+
+def module(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
+    settings = {"image_size": 16, "batch_size": 8, "num_workers": 0, "cache_dir": str(tmp_path / "cache")}
+    return ImageFolderDataModule(str(root), **{**settings, **kwargs})
+
+
+def test_classes_come_from_sorted_folder_names(image_folder, tmp_path):
+    (image_folder / "train" / "aardvark").mkdir()
+    Image.new("RGB", (8, 8)).save(image_folder / "train" / "aardvark" / "a.png")
+    data = module(image_folder, tmp_path)
+    assert data.class_names == ["aardvark", "cat", "dog", "owl"] and data.num_classes == 4
+    assert data.input_shape == (3, 16, 16)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_both_paths_give_train_val_and_test_batches(image_folder, tmp_path, cache):
+    data = module(image_folder, tmp_path, cache=cache, val_fraction=0.25)
+    data.setup("fit")
+    images, labels = next(iter(data.train_dataloader()))
+    assert images.shape == (8, 3, 16, 16) and labels.dtype == torch.int64
+    assert images.dtype == (torch.uint8 if cache else torch.float32)  # cached: augmented on the device
+    assert isinstance(data.datasets["train"], FileDataset) != cache
+    assert len(data.datasets["train"]) == 27 and len(data.datasets["val"]) == 9  # 36 train images, 1/4 held out
+    assert "test" not in data.datasets
+    data.setup("test")
+    assert len(data.datasets["test"]) == 36
+    assert len(data.mean) == 3 and torch.all(data.std > 0)
+
+
+def test_val_split_is_stratified_by_class(image_folder, tmp_path):
+    data = module(image_folder, tmp_path, val_fraction=0.25)
+    data.setup("fit")
+    assert torch.bincount(data.datasets["val"].labels).tolist() == [3, 3, 3]
+    train_files = set(data.split_files["train"])
+    assert not train_files & set(data.split_files["val"])
+
+
+def test_a_val_folder_is_used_as_it_is(image_folder, tmp_path):
+    (image_folder / "val" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(image_folder / "val" / "cat" / "only.png")
+    data = module(image_folder, tmp_path)
+    data.setup("fit")
+    assert len(data.datasets["val"]) == 1 and len(data.datasets["train"]) == 36
+
+
+def cached_files(tmp_path: Path) -> set[str]:
+    return {path.name for path in (tmp_path / "cache").glob("train-*.npy")}
+
+
+def test_the_cache_is_reused_and_invalidated_by_a_touched_or_added_file(image_folder, tmp_path, capsys):
+    module(image_folder, tmp_path).setup("fit")
+    assert "cached 36 images of train" in capsys.readouterr().out
+    first = cached_files(tmp_path)
+    module(image_folder, tmp_path).setup("fit")
+    assert "cached" not in capsys.readouterr().out and cached_files(tmp_path) == first  # opened, not rebuilt
+
+    touched = image_folder / "train" / "cat" / "000.png"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 1_000_000))
+    module(image_folder, tmp_path).setup("fit")
+    assert "cached 36 images" in capsys.readouterr().out and len(cached_files(tmp_path)) == 2
+
+    Image.new("RGB", (8, 8), "white").save(image_folder / "train" / "cat" / "new.png")
+    data = module(image_folder, tmp_path)
+    data.setup("fit")
+    assert "cached 37 images" in capsys.readouterr().out and len(cached_files(tmp_path)) == 3
+
+
+def test_an_interrupted_cache_build_is_never_trusted(image_folder, tmp_path, monkeypatch):
+    import template.data.cache as cache
+
+    def interrupted(*args, **kwargs):
+        yield 0, np.zeros((3, 16, 16), np.uint8), None
+        raise KeyboardInterrupt  # the user gave up half way
+
+    monkeypatch.setattr(cache, "decode_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        module(image_folder, tmp_path).setup("fit")
+    assert list((tmp_path / "cache").iterdir()) == []  # no array, no record, no temporary file
+    monkeypatch.undo()
+
+    data = module(image_folder, tmp_path)  # an array without its record is not trusted either
+    data.setup("fit")
+    record = next((tmp_path / "cache").glob("train-*.json"))
+    record.unlink()
+    stale = next((tmp_path / "cache").glob("train-*.npy"))
+    np.lib.format.open_memmap(stale, mode="r+")[:] = 0
+    rebuilt = module(image_folder, tmp_path)
+    rebuilt.setup("fit")
+    assert rebuilt.datasets["train"].images.float().mean() > 10  # decoded again, not zeros
+
+
+def test_grey_and_rgba_files_are_converted_not_rejected(image_folder, tmp_path):
+    Image.new("L", (10, 10), 128).save(image_folder / "train" / "cat" / "grey.png")
+    Image.new("RGBA", (10, 10), (1, 2, 3, 4)).save(image_folder / "train" / "cat" / "alpha.png")
+    Image.new("P", (10, 10)).save(image_folder / "train" / "cat" / "palette.gif")
+    data = module(image_folder, tmp_path, val_fraction=0.2)
+    data.setup("fit")
+    assert len(data.datasets["train"]) + len(data.datasets["val"]) == 39
+    grey = module(image_folder, tmp_path, channels="grayscale")
+    grey.setup("fit")
+    assert grey.datasets["train"].images.shape[1] == 1 and grey.input_shape[0] == 1
+
+
+def plant_bad_files(root: Path) -> list[Path]:
+    truncated = root / "train" / "dog" / "truncated.jpg"
+    data = (root / "train" / "dog" / "001.jpg").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    corrupt = root / "train" / "cat" / "corrupt.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(200)))
+    text = root / "train" / "owl" / "notes.txt"
+    text.write_text("not an image")
+    return [truncated, corrupt, text]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_unreadable_files_stop_setup_naming_every_one(image_folder, tmp_path, cache):
+    bad = plant_bad_files(image_folder)
+    with pytest.raises(ValueError) as error:
+        module(image_folder, tmp_path, cache=cache).setup("fit")
+    message = str(error.value)
+    assert message.startswith("3 unreadable file(s)")
+    assert all(str(path) in message for path in bad) and "skip_invalid" in message
+
+
+def test_skip_invalid_leaves_them_out_and_says_which(image_folder, tmp_path):
+    bad = plant_bad_files(image_folder)
+    data = module(image_folder, tmp_path, skip_invalid=True, val_fraction=0.25)
+    with pytest.warns(UserWarning, match="3 unreadable file") as warned:
+        data.setup("fit")
+    assert all(str(path) in str(warned[0].message) for path in bad)
+    assert len(data.datasets["train"]) + len(data.datasets["val"]) == 36
+
+
+def test_layout_problems_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no train/ folder in"):
+        ImageFolderDataModule(str(tmp_path))
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "train" / "dog").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "train" / "cat" / "a.png")
+    with pytest.raises(ValueError, match=r"(?s)1 empty class folder\(s\).*train/dog"):
+        ImageFolderDataModule(str(tmp_path))
+    Image.new("RGB", (4, 4)).save(tmp_path / "train" / "dog" / "a.png")
+    (tmp_path / "test" / "emu").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(tmp_path / "test" / "emu" / "a.png")
+    with pytest.raises(ValueError, match="test/ has class folder.*that train/ lacks: emu"):
+        ImageFolderDataModule(str(tmp_path))
