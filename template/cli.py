@@ -10,11 +10,12 @@ import sys
 import warnings
 from pathlib import Path
 
+import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 
@@ -110,7 +111,8 @@ class ClassificationCLI(LightningCLI):
                 ckpt_path = str(find_checkpoint(ckpt_path, runs_dir(self.config[subcommand])))
             except FileNotFoundError as error:
                 parser.error(str(error))
-            print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
+            if rank_zero_only.rank == 0:
+                print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
             self.config[subcommand]["ckpt_path"] = ckpt_path
         if ckpt_path:
             # LightningCLI reads the checkpoint's hyper-parameters next: check it first, so a
@@ -133,6 +135,12 @@ class ClassificationCLI(LightningCLI):
             config.trainer.callbacks = [
                 callback for callback in config.trainer.callbacks if "ProgressBar" not in callback.class_path
             ]
+        if config.trainer.sync_batchnorm and not (
+            torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
+        ):
+            # PyTorch's SyncBatchNorm runs on CUDA only; a CPU (gloo) run keeps per-process statistics.
+            rank_zero_warn("sync_batchnorm needs CUDA devices; this run keeps BatchNorm statistics per process")
+            config.trainer.sync_batchnorm = False
         # Speed by default (cuDNN picks the fastest kernels); `deterministic: true` trades it
         # for bit-identical reruns: deterministic algorithms and no benchmark autotuning.
         if config.trainer.deterministic:
@@ -153,10 +161,13 @@ class ClassificationCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
-    @rank_zero_only
     def after_fit(self) -> None:
+        run_dir = Path(self.trainer.log_dir or ".")  # a broadcast: every rank asks, rank 0 prints
+        if self.trainer.is_global_zero:
+            self.print_summary(run_dir)
+
+    def print_summary(self, run_dir: Path) -> None:
         best, last = self._get(self.config_init, "checkpoint"), self._get(self.config_init, "last_checkpoint")
-        run_dir = Path(self.trainer.log_dir or ".")
         lines = [f"run directory    {run_dir}"]
         if best.best_model_path:
             lines += [

@@ -61,9 +61,10 @@ class RunRecord(Callback):
     """Saves ``env.json`` in the run directory at the start of every run (``env-2.json``... on a resume)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not trainer.is_global_zero or trainer.log_dir is None or not trainer.loggers:
+        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank must ask, or rank 0 waits forever
+        if not trainer.is_global_zero or log_dir is None or not trainer.loggers:
             return
-        run_dir = Path(trainer.log_dir)
+        run_dir = Path(log_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path, number = run_dir / "env.json", 1
         while path.exists():  # a resumed run keeps the record of the first

@@ -126,6 +126,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     Args:
         batch_size: images per batch on each device.
+        global_batch_size: images per optimizer step across all devices; when set, each
+            device gets ``global_batch_size / world_size`` (and batch_size is ignored), so a
+            recipe keeps its batch, and so its learning rate, on any number of GPUs.
         num_workers: DataLoader worker processes; 0 loads in the main process.
         crop_padding: pixels of reflect padding for the random-crop augmentation; 0 turns it off.
         hflip: mirror training images left-right at random. Only for classes that stay
@@ -137,11 +140,19 @@ class ImageDataModule(L.LightningDataModule, ABC):
     image_size: tuple[int, int]
     class_names: list[str]
 
-    def __init__(self, batch_size: int = 64, num_workers: int = 0, crop_padding: int = 0, hflip: bool = False) -> None:
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        crop_padding: int = 0,
+        hflip: bool = False,
+        global_batch_size: int | None = None,
+    ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if batch_size < 1 or (global_batch_size is not None and global_batch_size < 1):
+            raise ValueError(f"batch sizes must be at least 1, got {batch_size} and {global_batch_size}")
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.crop_padding = crop_padding
         self.hflip = hflip
@@ -186,18 +197,31 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if len(self.mean) == 0:
             self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
 
+    def device_batch_size(self, world_size: int) -> int:
+        """Images per batch on each device: batch_size, or global_batch_size shared out."""
+        if self.global_batch_size is None:
+            return self.batch_size
+        if self.global_batch_size % world_size:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} does not divide by the {world_size} processes "
+                f"(devices x nodes); use a multiple of {world_size}, e.g. "
+                f"{(self.global_batch_size // world_size + 1) * world_size}"
+            )
+        return self.global_batch_size // world_size
+
     def _loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
-        if train and len(dataset) < self.batch_size * world_size:
+        batch_size = self.device_batch_size(world_size)
+        if train and len(dataset) < batch_size * world_size:
             raise ValueError(
-                f"the {split} split has {len(dataset)} images, fewer than batch_size={self.batch_size} x "
+                f"the {split} split has {len(dataset)} images, fewer than batch_size={batch_size} x "
                 f"{world_size} device(s): with drop_last there would be no batch at all; lower data.batch_size"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         workers = self.loader_workers(dataset)
         settings = {
-            "batch_size": self.batch_size,
+            "batch_size": batch_size,
             "num_workers": workers,
             # In-memory datasets hand out whole batches (__getitems__); file datasets, items.
             "collate_fn": keep_batch if isinstance(dataset, TensorImageDataset) else None,

@@ -51,6 +51,7 @@ class CIFAR10DataModule(ImageDataModule):
         root: directory holding ``cifar-10-batches-py/``.
         download: fetch the archive into ``root`` through torchvision when it is missing.
         batch_size: images per batch on each device.
+        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of the training set held out for validation.
         split_seed: seed of the train/val split alone.
         num_workers: DataLoader workers; 0 is fastest for data already in memory.
@@ -63,13 +64,14 @@ class CIFAR10DataModule(ImageDataModule):
         root: str = "data/cifar10",
         download: bool = False,
         batch_size: int = 512,
+        global_batch_size: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
         num_workers: int = 0,
         crop_padding: int = 4,
         hflip: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
         self.save_hyperparameters()
         self.root = Path(root)
         self.download = download

@@ -15,6 +15,7 @@ class DigitsDataModule(ImageDataModule):
 
     Args:
         batch_size: images per batch on each device.
+        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of all images held out for validation (checkpoint choice).
         test_fraction: share of all images held out for the final test.
         split_seed: seed of the split alone, so that changing the training seed never
@@ -27,6 +28,7 @@ class DigitsDataModule(ImageDataModule):
     def __init__(
         self,
         batch_size: int = 64,
+        global_batch_size: int | None = None,
         val_fraction: float = 0.15,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -34,7 +36,7 @@ class DigitsDataModule(ImageDataModule):
         crop_padding: int = 1,
         hflip: bool = False,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction

@@ -61,6 +61,7 @@ class ImageFolderDataModule(ImageDataModule):
         image_size: images are resized to cover this size and centre-cropped (side, or (H, W)).
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         batch_size: images per batch on each device.
+        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
         split_seed: seed of that split alone.
         num_workers: processes that decode images: the cache build, or streaming. Cached
@@ -84,6 +85,7 @@ class ImageFolderDataModule(ImageDataModule):
         image_size: int | tuple[int, int] = 32,
         channels: Literal["rgb", "grayscale"] = "rgb",
         batch_size: int = 128,
+        global_batch_size: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
         num_workers: int = 2,
@@ -97,7 +99,7 @@ class ImageFolderDataModule(ImageDataModule):
         crop_padding: int = 4,
         hflip: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip)
+        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
         self.save_hyperparameters()
         self.root = Path(root)
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)

@@ -1,0 +1,146 @@
+"""Scale: real multi-process DDP (gloo on CPU), torchrun across two 'nodes', accumulation, bf16."""
+
+import socket
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+from template.data import DigitsDataModule
+from template.module import ClassificationModule
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def final_val_acc(run_dir: Path) -> float:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return events.Scalars("val/acc")[-1].value
+
+
+def fit(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.Popen:
+    command = [*(launcher or [sys.executable]), "-m", "template", "fit", *QUIET, *args]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen) -> str:
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-4000:]
+    return out + err
+
+
+@pytest.mark.slow
+def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tmp_path):
+    common = ["--trainer.max_epochs", "5", "--data.global_batch_size", "64", "--trainer.accelerator", "cpu"]
+    single = tmp_path / "single"
+    single.mkdir()
+    finished(fit(single, *common))
+    ddp = tmp_path / "ddp"
+    ddp.mkdir()
+    # The config first: later options override it (its global batch of 512 among them).
+    output = finished(fit(ddp, "--config", str(REPO / "configs/trainer/ddp.yaml"), *common, "--trainer.devices", "2"))
+    assert "Starting with 2 processes" in output and "distributed_backend=gloo" in output
+    assert [p.name for p in (ddp / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
+    one, two = final_val_acc(single / "runs/digits/version_0"), final_val_acc(ddp / "runs/digits/version_0")
+    assert one > 0.9 and abs(one - two) < 0.03, (one, two)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_across_two_nodes_on_localhost_writes_one_run_directory(tmp_path):
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    port = free_port()
+    nodes = [
+        fit(
+            tmp_path,
+            "--trainer.num_nodes",
+            "2",
+            "--trainer.devices",
+            "1",
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.max_epochs",
+            "1",
+            launcher=[
+                torchrun,
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+            ],
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [finished(node) for node in nodes]
+    assert "run summary" in outputs[0] and "run summary" not in outputs[1]  # rank 0 prints, rank 1 does not
+    runs = tmp_path / "runs" / "digits"
+    assert [p.name for p in runs.iterdir()] == ["version_0"]
+    assert (runs / "version_0" / "checkpoints" / "last.ckpt").is_file() and (runs / "version_0" / "env.json").is_file()
+
+
+def one_step(batch_size: int, accumulate: int) -> nn.Module:
+    L.seed_everything(0, workers=True)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))  # no BatchNorm: the batch split changes nothing
+    model = ClassificationModule(net, optimizer=partial(torch.optim.SGD, lr=0.5), lr_scheduler=None)
+    data = DigitsDataModule(batch_size=batch_size, crop_padding=0)
+    trainer = L.Trainer(
+        max_steps=1, accumulate_grad_batches=accumulate, limit_val_batches=0, logger=False, accelerator="cpu",
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    return net
+
+
+def test_accumulating_two_batches_of_64_equals_one_batch_of_128():
+    accumulated, large = one_step(64, accumulate=2), one_step(128, accumulate=1)
+    L.seed_everything(0)
+    untouched = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    assert not torch.allclose(untouched[1].weight, large[1].weight)  # a step was taken
+    torch.testing.assert_close(accumulated[1].weight, large[1].weight, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(accumulated[1].bias, large[1].bias, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_mixed_trains_on_the_cpu(run_cli):
+    run = run_cli("fit", "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "3")
+    assert run.trainer.precision == "bf16-mixed"
+    assert run.trainer.callback_metrics["val/acc"] > 0.7
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
+
+
+@pytest.mark.parametrize("global_batch, world_size, expected", [(64, 2, 32), (512, 8, 64), (64, 1, 64)])
+def test_global_batch_is_shared_out_across_processes(global_batch, world_size, expected):
+    assert DigitsDataModule(global_batch_size=global_batch).device_batch_size(world_size) == expected
+
+
+def test_a_global_batch_that_does_not_divide_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"global_batch_size=100 does not divide by the 3 processes.*e.g. 102"):
+        DigitsDataModule(global_batch_size=100).device_batch_size(3)
+
+
+def test_slurm_script_is_valid_and_asks_for_lightnings_requeue_signal():
+    script = REPO / "scripts" / "slurm.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "#SBATCH --signal=SIGUSR1@90" in text and "srun python -m template fit" in text
+    for config in ("configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"):
+        assert config in text and (REPO / config).is_file()
