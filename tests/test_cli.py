@@ -83,18 +83,21 @@ def test_config_errors_fail_before_training_and_name_the_key(tmp_path, capsys, y
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
-def print_config(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "template", "fit", *args, "--print_config"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    return result.stdout
+@pytest.fixture
+def print_config(capsys, monkeypatch):
+    """`template fit ARGS --print_config`, in this process, from the repository root."""
+    monkeypatch.chdir(REPO)
+
+    def printed(*args: str) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            cli(["fit", *args, "--print_config"])
+        assert exit_info.value.code in (0, None)
+        return capsys.readouterr().out
+
+    return printed
 
 
-def test_configs_default_yaml_is_exactly_the_built_in_default():
+def test_configs_default_yaml_is_exactly_the_built_in_default(print_config):
     assert print_config("--config", "configs/default.yaml") == print_config()
 
 
@@ -102,11 +105,14 @@ def test_configs_default_yaml_is_exactly_the_built_in_default():
     "configs",
     [
         ["configs/cifar10_resnet18.yaml"],
+        ["configs/imagefolder.yaml"],
+        ["configs/default.yaml", "configs/trainer/ddp.yaml"],
+        ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
         ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
         ["configs/default.yaml", "configs/trainer/overfit_batches.yaml"],
     ],
 )
-def test_every_config_parses_and_composes(configs):
+def test_every_config_parses_and_composes(print_config, configs):
     args = [arg for path in configs for arg in ("--config", path)]
     printed = print_config(*args)
     if "overfit_batches.yaml" in configs[-1]:

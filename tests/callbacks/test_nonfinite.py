@@ -12,13 +12,17 @@ from template.data import DigitsDataModule
 class NaNDigits(DigitsDataModule):
     """The digits, with NaN pixels in the training batch of one global step."""
 
-    def __init__(self, nan_at_step: int = 30, **kwargs) -> None:
+    def __init__(self, nan_at_step: int = 30, nan_on_rank: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.nan_at_step = nan_at_step
+        self.nan_on_rank = nan_on_rank
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
+        if isinstance(batch, torch.Tensor):  # the model summary's example input
+            return super().on_after_batch_transfer(batch, dataloader_idx)
         images, labels = super().on_after_batch_transfer(batch, dataloader_idx)
-        if self.trainer.training and self.trainer.global_step == self.nan_at_step:
+        rank_matches = self.nan_on_rank is None or self.trainer.global_rank == self.nan_on_rank
+        if self.trainer.training and self.trainer.global_step == self.nan_at_step and rank_matches:
             images = images.clone()
             images[0, 0, 0, 0] = float("nan")
         return images, labels

@@ -1,21 +1,25 @@
 import csv
+from pathlib import Path
 
 import pytest
 
 from template.checkpoints import load_checkpoint
 
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"
+
 
 @pytest.mark.slow
-def test_fit_on_a_folder_keeps_class_names_in_the_checkpoint_and_predict_names_files(run_cli, image_folder, tmp_path):
-    data = ["--data", "template.data.ImageFolderDataModule", "--data.init_args.root", str(image_folder),
-            "--data.init_args.image_size", "16", "--data.init_args.batch_size", "8",
-            "--data.init_args.num_workers", "0", "--data.init_args.cache_dir", str(tmp_path / "cache")]  # fmt: skip
+def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_files(run_cli, image_folder, tmp_path):
+    # The acceptance command, `fit --config configs/imagefolder.yaml --data.root DIR`, made small.
+    data = ["--config", str(CONFIG), "--data.root", str(image_folder), "--data.image_size", "16",
+            "--data.batch_size", "8", "--data.num_workers", "0", "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
     trained = run_cli("fit", *data, "--trainer.max_epochs", "2")
     best = trained.trainer.checkpoint_callback.best_model_path
+    assert Path(best).parent.parent.parent.name == "imagefolder"
     assert load_checkpoint(best)["hyper_parameters"]["class_names"] == ["cat", "dog", "owl"]
 
-    run_cli("predict", *data, "--data.init_args.predict_path", str(image_folder / "test"), "--ckpt_path", best)
-    predictions = next(run_cli.runs_dir.glob("digits/version_*/predictions.csv"))
+    run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
+    predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
     rows = list(csv.DictReader(predictions.open()))
     assert len(rows) == 36
     assert {row["sample"] for row in rows} == {str(path) for path in (image_folder / "test").rglob("*.*")}
