@@ -141,16 +141,6 @@ class ImageFolderDataModule(ImageDataModule):
                 )
         return folders
 
-    def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
-        if split not in self.folders:
-            raise FileNotFoundError(
-                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/*"
-            )
-        classes = self.folders[split]
-        files = [path for name in sorted(classes) for path in classes[name]]
-        labels = [self.class_names.index(name) for name in sorted(classes) for _ in classes[name]]
-        return files, np.array(labels, dtype=np.int64)
-
     def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
         """Unreadable files of one source folder: from the cache build, or from one checking pass."""
         if self.cache:
@@ -187,7 +177,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
         if split == "predict":
-            return self._predict_files(), np.full(len(self._predict_files()), -1, dtype=np.int64)
+            files = self._predict_files()
+            return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if split not in self.folders:
             raise FileNotFoundError(
                 f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/*"
