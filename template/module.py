@@ -156,7 +156,7 @@ class ClassificationModule(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(labels))
         return loss
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> None:
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
         logits = self(images)
         metric = self.val_acc if split == "val" else self.test_acc
@@ -164,9 +164,10 @@ class ClassificationModule(L.LightningModule):
         # sync_dist: average over DDP ranks so every rank sees (and checkpoints on) the same value.
         self.log(f"{split}/loss", self._loss(logits, labels), batch_size=len(labels), sync_dist=True)
         self.log(f"{split}/acc", metric, batch_size=len(labels), prog_bar=True)
+        return logits
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "val")  # the logits, for callbacks (confusion matrix, misclassified)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")

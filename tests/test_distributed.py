@@ -3,6 +3,7 @@
 import socket
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -30,8 +31,13 @@ def fit(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finished(process: subprocess.Popen) -> str:
-    out, err = process.communicate(timeout=600)
+def finished(process: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"{process.args} did not finish in {timeout} s:\n{err[-4000:]}")
     assert process.returncode == 0, err[-4000:]
     return out + err
 
@@ -58,40 +64,39 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def wait_for_listener(port: int, seconds: float = 60) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
+
+
 @pytest.mark.slow
 def test_torchrun_across_two_nodes_on_localhost_writes_one_run_directory(tmp_path):
     torchrun = str(Path(sys.executable).parent / "torchrun")
     port = free_port()
-    nodes = [
-        fit(
-            tmp_path,
-            "--trainer.num_nodes",
-            "2",
-            "--trainer.devices",
-            "1",
-            "--trainer.strategy",
-            "ddp",
-            "--trainer.accelerator",
-            "cpu",
-            "--trainer.max_epochs",
-            "1",
-            launcher=[
-                torchrun,
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                str(rank),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(port),
-            ],
+
+    def node(rank: int) -> subprocess.Popen:
+        launcher = [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+                    "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+        return fit(
+            tmp_path, "--trainer.num_nodes", "2", "--trainer.devices", "1", "--trainer.strategy", "ddp",
+            "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1", launcher=launcher,
         )  # fmt: skip
-        for rank in (0, 1)
-    ]
-    outputs = [finished(node) for node in nodes]
+
+    # Node 0 hosts the rendezvous store on the master port; node 1 joins once it listens.
+    nodes = [node(0)]
+    try:
+        wait_for_listener(port)
+        nodes.append(node(1))
+        outputs = [finished(process, timeout=240) for process in nodes]
+    finally:
+        for process in nodes:  # never leave a node waiting for its partner
+            if process.poll() is None:
+                process.kill()
     assert "run summary" in outputs[0] and "run summary" not in outputs[1]  # rank 0 prints, rank 1 does not
     runs = tmp_path / "runs" / "digits"
     assert [p.name for p in runs.iterdir()] == ["version_0"]

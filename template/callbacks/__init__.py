@@ -1,8 +1,17 @@
 """Callbacks the default run turns on."""
 
+from template.callbacks.monitor import TrainingMonitor
 from template.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from template.callbacks.predictions import PredictionWriter
 from template.callbacks.resume import Preemption, ResumeState
 from template.callbacks.run_record import RunRecord
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "PredictionWriter", "Preemption", "ResumeState", "RunRecord"]
+__all__ = [
+    "NonFiniteError",
+    "NonFiniteGuard",
+    "PredictionWriter",
+    "Preemption",
+    "ResumeState",
+    "RunRecord",
+    "TrainingMonitor",
+]

@@ -11,7 +11,7 @@ class NonFiniteError(RuntimeError):
 
 
 class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step.
+    """Checks the loss and the gradient norm before every optimizer step, and logs the norm.
 
     A NaN spreads into every weight at the next step and never leaves; caught before the
     step, the last checkpoints stay good. The check costs one device sync a step. With
@@ -47,6 +47,9 @@ class NonFiniteGuard(Callback):
         grad_norm = torch.zeros((), device=loss.device)
         if grads and not scaled:
             grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        if grads and not scaled:
+            # Computed here every step anyway; logged at the Trainer's logging interval for free.
+            pl_module.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
         finite = torch.isfinite(loss).all() & torch.isfinite(grad_norm)
         # Gradients are already averaged across DDP ranks, but the loss is each rank's own:
         # all ranks must agree, or one stops while the others wait for it forever.

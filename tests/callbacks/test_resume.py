@@ -65,8 +65,11 @@ def test_k_epochs_then_resume_equals_a_straight_run(run_cli, tmp_path):
         weights(straight_dir / "checkpoints" / "last.ckpt"), weights(resumed_dir / "checkpoints" / "last.ckpt")
     )
     logged, relogged = scalars(straight_dir), scalars(resumed_dir)
-    assert {"val/acc", "val/loss", "train/loss"} <= logged.keys()
-    assert logged == relogged  # every tag, every step, every value
+    assert {"val/acc", "val/loss", "train/loss", "train/grad_norm"} <= logged.keys()
+    clock = {"train/epoch_time", "train/images_per_sec"}  # wall-clock measurements differ by nature
+    assert logged.keys() == relogged.keys()
+    assert {k: v for k, v in logged.items() if k not in clock} == {k: v for k, v in relogged.items() if k not in clock}
+    assert all(logged[tag].keys() == relogged[tag].keys() for tag in clock)  # logged at the same steps
 
 
 @pytest.mark.slow

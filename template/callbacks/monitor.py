@@ -1,0 +1,120 @@
+"""What a run looks like while it trains: speed, curves side by side, errors as pictures, a CSV."""
+
+import csv
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from torchmetrics.classification import MulticlassConfusionMatrix
+from torchvision.utils import make_grid
+
+
+def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
+    """A confusion matrix as a (3, K*cell, K*cell) image: rows true classes, columns predictions,
+    each row normalised, dark blue (0) to yellow (1). Tensor ops only: no plotting library,
+    so it costs a millisecond per validation, not a second."""
+    share = matrix.float() / matrix.sum(dim=1, keepdim=True).clamp_min(1)  # (K, K) in [0, 1]
+    low, high = torch.tensor([0.1, 0.1, 0.4]), torch.tensor([1.0, 0.9, 0.1])
+    image = low[:, None, None] + (high - low)[:, None, None] * share[None]  # (3, K, K)
+    return image.repeat_interleave(cell, dim=1).repeat_interleave(cell, dim=2)
+
+
+class TrainingMonitor(Callback):
+    """Images/s and epoch time, train and val loss on one chart, a confusion matrix and the
+    misclassified validation images in TensorBoard, and the epoch metrics in ``metrics.csv``.
+
+    Cheap by design: nothing is synchronised per step; the confusion matrix accumulates on
+    the device during validation and is drawn once per validation.
+
+    Args:
+        misclassified: how many misclassified validation images to show (0: none).
+        csv_name: the epoch-metrics file in the run directory.
+    """
+
+    def __init__(self, misclassified: int = 16, csv_name: str = "metrics.csv") -> None:
+        self.misclassified = misclassified
+        self.csv_name = csv_name
+        self._epoch_start = 0.0
+        self._images = 0
+        self._confusion: MulticlassConfusionMatrix | None = None
+        self._wrong: list[tuple[torch.Tensor, int, int]] = []
+        self._rows: list[dict] = []
+
+    @staticmethod
+    def _tensorboard(trainer: L.Trainer):
+        return next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        writer = self._tensorboard(trainer)
+        if writer is not None and trainer.is_global_zero:
+            layout = {"loss": {"train and val": ["Multiline", ["train/loss", "val/loss"]]}}
+            writer.add_custom_scalars(layout)  # one chart: overfitting shows as the two curves parting
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start, self._images = time.perf_counter(), 0
+        self._train_end = self._epoch_start
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._images += len(batch[1])
+        self._train_end = time.perf_counter()  # the last one marks the end of training, before validation
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        seconds = time.perf_counter() - self._epoch_start  # with validation
+        training = max(self._train_end - self._epoch_start, 1e-9)  # without
+        speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
+        for name, value in speed.items():
+            pl_module.log(name, value)
+        log_dir = trainer.log_dir  # a broadcast: every rank asks
+        if not trainer.is_global_zero or log_dir is None or not trainer.loggers:
+            return
+        # Validation ran before this hook, so the row holds this epoch's train and val metrics.
+        metrics = {k: round(float(v), 6) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        self._rows.append({"epoch": trainer.current_epoch, "step": trainer.global_step, **metrics, **speed})
+        fields = list(dict.fromkeys(key for row in self._rows for key in row))
+        with (Path(log_dir) / self.csv_name).open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(self._rows)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        num_classes = pl_module.hparams.get("num_classes", 10)
+        self._confusion = MulticlassConfusionMatrix(num_classes).to(pl_module.device)
+        self._wrong = []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
+        if not isinstance(outputs, torch.Tensor):
+            return
+        images, labels = batch
+        predictions = outputs.argmax(dim=1)
+        self._confusion.update(predictions, labels)
+        if len(self._wrong) < self.misclassified:
+            for index in (predictions != labels).nonzero().flatten()[: self.misclassified - len(self._wrong)].tolist():
+                self._wrong.append((images[index].detach().cpu(), int(labels[index]), int(predictions[index])))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self._confusion is None:
+            return
+        matrix = self._confusion.compute()  # synchronised across ranks by torchmetrics
+        writer = self._tensorboard(trainer)
+        if writer is None or not trainer.is_global_zero:
+            return
+        names = getattr(pl_module, "class_names", None)
+        writer.add_image("val/confusion_matrix", heatmap(matrix.cpu()), global_step=trainer.global_step)
+        rows = [f"{names[i] if names else i}: {' '.join(str(int(n)) for n in row)}" for i, row in enumerate(matrix)]
+        writer.add_text(
+            "val/confusion_matrix", "rows true, columns predicted  \n" + "  \n".join(rows), trainer.global_step
+        )
+        if self._wrong:
+            writer.add_image("val/misclassified", self._grid(trainer), global_step=trainer.global_step)
+            shown = ", ".join(f"{names[t] if names else t}->{names[p] if names else p}" for _, t, p in self._wrong)
+            writer.add_text("val/misclassified", f"true->predicted, left to right: {shown}", trainer.global_step)
+
+    def _grid(self, trainer: L.Trainer) -> torch.Tensor:
+        images = torch.stack([image for image, _, _ in self._wrong]).float()
+        data = trainer.datamodule
+        if getattr(data, "mean", None) is not None and len(data.mean) == images.shape[1]:
+            images = images * data.std.view(1, -1, 1, 1) + data.mean.view(1, -1, 1, 1)  # undo normalisation
+        return make_grid(images.clamp(0, 1), nrow=8, padding=1, pad_value=1.0)

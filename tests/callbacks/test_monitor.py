@@ -1,0 +1,71 @@
+"""Training-time observability, read back through a real TensorBoard server's HTTP API."""
+
+import csv
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from template.callbacks.monitor import heatmap
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_curves_the_confusion_matrix_and_the_misclassified(run_cli):
+    run = run_cli("fit", "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "5")
+    run_dir = Path(run.trainer.log_dir)
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert [row["epoch"] for row in rows] == ["0", "1"]
+    assert float(rows[-1]["val/acc"]) > 0 and float(rows[-1]["train/images_per_sec"]) > 0
+
+    port = free_port()
+    tensorboard = Path(sys.executable).parent / "tensorboard"
+    server = subprocess.Popen(
+        [str(tensorboard), "--logdir", str(run_dir), "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}/data/plugin"
+        deadline, scalars, images = time.time() + 90, {}, {}
+        while time.time() < deadline and not (scalars.get(".") and images.get(".")):
+            try:
+                scalars = json.loads(get(f"{base}/scalars/tags"))
+                images = json.loads(get(f"{base}/images/tags"))
+            except OSError:
+                pass
+            time.sleep(0.5)
+        tags = set(scalars["."])
+        assert {"train/loss", "val/loss", "val/acc", "lr/decay", "train/grad_norm", "train/images_per_sec"} <= tags
+        assert {"val/confusion_matrix", "val/misclassified"} <= set(images["."])
+        entries = json.loads(get(f"{base}/images/images?run=.&tag=val/confusion_matrix"))
+        picture = Image.open(io.BytesIO(get(f"{base}/images/individualImage?{entries[-1]['query']}")))
+        assert picture.size == (160, 160)  # ten classes, 16 pixels a cell
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_heatmap_normalises_rows_and_marks_the_diagonal():
+    image = heatmap(torch.tensor([[8, 2], [0, 5]]), cell=4)
+    assert image.shape == (3, 8, 8)
+    assert torch.allclose(image[:, 0, 0], torch.tensor([0.82, 0.74, 0.16]))  # 80% of row 0: near yellow
+    assert torch.allclose(image[:, 4, 0], torch.tensor([0.1, 0.1, 0.4]))  # none: dark blue
+    assert torch.allclose(image[:, 4, 4], torch.tensor([1.0, 0.9, 0.1]))  # all of row 1
