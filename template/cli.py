@@ -19,7 +19,14 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 
-from template.callbacks import NonFiniteGuard, PredictionWriter, Preemption, ResumeState, RunRecord, TrainingMonitor
+from template.callbacks import (
+    NonFiniteGuard,
+    PredictionWriter,
+    Preemption,
+    ResumeState,
+    RunRecord,
+    TrainingMonitor,
+)
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
     AtomicCheckpointIO,

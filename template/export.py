@@ -18,7 +18,11 @@ import torch
 from jsonargparse import ArgumentParser
 from torch import nn
 
-from template.checkpoints import UnsafeCheckpointError, load_checkpoint, load_weights
+from template.checkpoints import (
+    UnsafeCheckpointError,
+    load_checkpoint,
+    load_weights,
+)
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 

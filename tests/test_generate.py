@@ -178,3 +178,13 @@ def test_rename_script_is_the_same_route_without_cookiecutter(tmp_path):
     refused = subprocess.run([*script, str(tmp_path / "x"), "--project-name", "P", "--package-name", "torch"],
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "'torch' would shadow" in refused.stderr and not (tmp_path / "x").exists()
+
+
+def test_a_long_package_name_keeps_the_project_lint_clean(tmp_path):
+    # Imports wrap at 120 columns: a longer name must not push one over and upset isort.
+    package = "a_rather_long_package_name_for_a_classifier"
+    project = tmp_path / "long"
+    run([sys.executable, str(REPO / "hooks" / "rename.py"), str(REPO), str(project),
+         "--project-name", "Long", "--package-name", package], tmp_path)  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=project, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

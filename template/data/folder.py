@@ -11,7 +11,13 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from template.data.base import ImageDataModule, Split, TensorImageDataset, channel_stats, stratified_split
+from template.data.base import (
+    ImageDataModule,
+    Split,
+    TensorImageDataset,
+    channel_stats,
+    stratified_split,
+)
 from template.data.cache import decode, decode_all, fingerprint, load_or_build
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all

@@ -1,5 +1,11 @@
 """Networks: plain ``nn.Module``s that know nothing of Lightning."""
 
-from template.nets.resnet import BasicBlock, ResNet, ResNet18, ResNet34, ResNetSmall
+from template.nets.resnet import (
+    BasicBlock,
+    ResNet,
+    ResNet18,
+    ResNet34,
+    ResNetSmall,
+)
 
 __all__ = ["BasicBlock", "ResNet", "ResNet18", "ResNet34", "ResNetSmall"]
