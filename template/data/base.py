@@ -156,7 +156,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.num_workers = num_workers
         self.crop_padding = crop_padding
         self.hflip = hflip
-        self.datasets: dict[str, TensorImageDataset] = {}
+        self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or a file dataset when streaming
         self.train_sampler: ResumableSampler | None = None
         self._resume_state: dict | None = None
         self.mean = torch.zeros(0)

@@ -48,13 +48,14 @@ class DigitsDataModule(ImageDataModule):
         self.split_indices: dict[str, np.ndarray] = {}
 
     def load_split(self, split: str) -> Split:
-        digits = load_digits()
-        if not self.split_indices:
+        if not self.split_indices:  # read and split once; every split is a view of the same arrays
+            digits = load_digits()
+            # Pixel values are 0..16; scale to the 0..255 uint8 range every source uses.
+            self._images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None])
+            self._labels = torch.from_numpy(digits.target).long()  # images above: (N, 1, 8, 8)
             train, val, test = stratified_split(digits.target, [self.val_fraction, self.test_fraction], self.split_seed)
             self.split_indices = {"train": train, "val": val, "test": test}
             # predict serves the test split; name each row by its index in load_digits().
             self.predict_ids = [f"digits[{index}]" for index in test]
-        index = self.split_indices["test" if split == "predict" else split]
-        # Pixel values are 0..16; scale to the 0..255 uint8 range every source uses.
-        images = np.round(digits.images[index] * (255 / 16)).astype(np.uint8)[:, None]  # (N, 1, 8, 8)
-        return torch.from_numpy(images), torch.from_numpy(digits.target[index]).long()
+        index = torch.from_numpy(self.split_indices["test" if split == "predict" else split])
+        return self._images[index], self._labels[index]
