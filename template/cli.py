@@ -248,3 +248,9 @@ def main(args: list[str] | None = None) -> None:
         cli(args)
     except SIGTERMException:  # the Preemption callback has saved a checkpoint and said where
         raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended
+    # Lightning leaves the process group up. A gloo group still alive at interpreter exit can
+    # abort the process ("terminate called without an active exception"), and torchrun then
+    # reports a finished run as failed. Only after success: a rank that failed may have left
+    # the others mid-collective, where tearing down would hang.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

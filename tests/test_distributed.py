@@ -13,6 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from template import cli as cli_module
 from template.data import DigitsDataModule
 from template.module import ClassificationModule
 
@@ -92,27 +93,28 @@ def test_torchrun_across_two_nodes_on_localhost_writes_one_run_directory(tmp_pat
     try:
         wait_for_listener(port)
         nodes.append(node(1))
-        second = finished(nodes[1], timeout=240)
-        try:
-            out, err = nodes[0].communicate(timeout=60)
-            assert nodes[0].returncode == 0, err[-4000:]
-        except subprocess.TimeoutExpired:
-            # Seen in CI: node 0's worker trained and wrote everything, then its torchrun agent
-            # stayed in the agents' exit barrier after node 1 had left. What training did is
-            # checked below; the lingering agent is stopped.
-            nodes[0].kill()
-            out, err = nodes[0].communicate()
-        first = out + err
-        assert "`Trainer.fit` stopped: `max_epochs=1` reached." in first, first[-4000:]
-        outputs = [first, second]
+        outputs = [finished(process, timeout=240) for process in nodes]  # both agents exit 0
     finally:
         for process in nodes:  # never leave a node waiting for its partner
             if process.poll() is None:
                 process.kill()
+    assert not any("terminate called" in output for output in outputs)  # no worker aborted at exit
     assert "run summary" in outputs[0] and "run summary" not in outputs[1]  # rank 0 prints, rank 1 does not
     runs = tmp_path / "runs" / "digits"
     assert [p.name for p in runs.iterdir()] == ["version_0"]
     assert (runs / "version_0" / "checkpoints" / "last.ckpt").is_file() and (runs / "version_0" / "env.json").is_file()
+
+
+def test_main_tears_down_the_process_group_it_trained_in(monkeypatch, tmp_path):
+    # A gloo group left up at interpreter exit can abort a worker that finished, and torchrun
+    # then fails the whole run (seen on this machine, about one run in eight).
+    def train(args):
+        store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+    monkeypatch.setattr(cli_module, "cli", train)
+    cli_module.main(["fit"])
+    assert not torch.distributed.is_initialized()
 
 
 def one_step(batch_size: int, accumulate: int) -> nn.Module:
