@@ -5,6 +5,7 @@ DataModule, Trainer) plus YAML in ``configs/``; LightningCLI turns them into opt
 so a misspelt key or a wrongly typed value fails before any training starts.
 """
 
+import importlib
 import logging
 import sys
 import warnings
@@ -39,6 +40,8 @@ from template.module import ClassificationModule
 
 DEFAULT_RUNS_DIR = "runs"
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
+# Commands besides fit / validate / test / predict, each a module with main(args).
+EXTRA_COMMANDS = {"doctor": f"{PROGRAM}.doctor", "lr-find": f"{PROGRAM}.lr_find", "export": f"{PROGRAM}.export"}
 
 # The defaults of `template fit` with no arguments: the embedded digits on the CPU in
 # well under a minute. configs/default.yaml spells out the same values.
@@ -218,32 +221,39 @@ def runs_dir(config: Namespace) -> str:
     return DEFAULT_RUNS_DIR
 
 
-def cli(args: list[str] | None = None, run: bool = True) -> ClassificationCLI:
-    """Build (and by default run) the CLI; ``args`` as on the command line, without the program name."""
-    return ClassificationCLI(
-        ClassificationModule,
-        ImageDataModule,
-        subclass_mode_data=True,
-        # Always on, whatever `trainer.callbacks` says: the run record (env.json), the random
-        # state for exact resume, and the checkpoint on pre-emption. Fresh for every run.
-        trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunRecord(), ResumeState(), Preemption()]},
-        seed_everything_default=42,
-        auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
-        parser_kwargs={"description": f"Train and evaluate image classifiers. Also: {PROGRAM} export --help"},
-        # A resumed run writes its config.yaml again, into the run directory it continues.
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+def cli(args: list[str] | None = None, run: bool = True, command: str | None = None) -> ClassificationCLI:
+    """Build (and by default run) the CLI; ``args`` as on the command line, without the program name.
+
+    ``run=False`` parses the options of ``fit`` without a subcommand and only builds the
+    model, DataModule and Trainer, for commands such as ``doctor``, named by ``command``.
+    """
+    commands = ",".join(EXTRA_COMMANDS)
+    description = f"Train and evaluate image classifiers. Also: {PROGRAM} {{{commands}}} --help"
+    with warnings.catch_warnings():
+        # main() hands over sys.argv less the extra command's name: intended, not a mistake.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return ClassificationCLI(
+            ClassificationModule,
+            ImageDataModule,
+            subclass_mode_data=True,
+            # Always on, whatever `trainer.callbacks` says: the run record (env.json), the random
+            # state for exact resume, and the checkpoint on pre-emption. Fresh for every run.
+            trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunRecord(), ResumeState(), Preemption()]},
+            seed_everything_default=42,
+            auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
+            parser_kwargs={"prog": f"{PROGRAM} {command}" if command else PROGRAM, "description": description},
+            # A resumed run writes its config.yaml again, into the run directory it continues.
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )
 
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``template`` command and of ``python -m template``."""
     argv = sys.argv[1:] if args is None else args
-    if argv[:1] == ["export"]:  # not a Trainer method, so not a LightningCLI subcommand
-        from template.export import main as export
-
-        return export(argv[1:])
+    if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
+        return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
     try:
         cli(args)
     except SIGTERMException:  # the Preemption callback has saved a checkpoint and said where

@@ -40,6 +40,7 @@ def run_cli(tmp_path: Path, monkeypatch):
         return cli([subcommand, *tiny_args(runs_dir), *rest])
 
     run.runs_dir = runs_dir
+    run.tiny_args = tiny_args(runs_dir)  # for commands run through main()
     return run
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from template.cli import PROGRAM, cli
 from template.export import build_parser
+from template.lr_find import build_parser as lr_find_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -37,6 +38,12 @@ def test_readme_command_parses(command, monkeypatch):
     args = shlex.split(command)[1:]
     if args[0] == "export":  # its own parser: check the options without exporting anything
         build_parser().parse_args(args[1:])
+        return
+    if args[0] in ("doctor", "lr-find"):  # fit's options without a subcommand, plus lr-find's own
+        fit_args = lr_find_parser().parse_known_args(args[1:])[1]
+        with pytest.raises(SystemExit) as exit_info:
+            cli([*fit_args, "--print_config"], run=False)
+        assert exit_info.value.code in (0, None)
         return
     with pytest.raises(SystemExit) as exit_info:
         cli([*shlex.split(command)[1:], "--print_config"])

@@ -1,0 +1,394 @@
+"""``template doctor``: pre-flight checks that catch the classic training bugs in seconds.
+
+    template doctor
+    template doctor --config configs/cifar10_resnet18.yaml --data.root data/cifar10
+
+It takes the same ``--config`` files and overrides as ``fit``, builds the same DataModule
+and model, and checks the environment, the data, the model, whether the model can
+memorise a small batch, its memory and its speed. Each check prints pass / warn / fail
+with what it saw and what to do; any fail exits with status 1, so it can gate CI or a job.
+"""
+
+import copy
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
+from template.cli import PROGRAM, cli
+from template.data.base import ImageDataModule, TensorImageDataset
+from template.module import ClassificationModule, parameter_groups
+
+STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
+STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+@dataclass
+class Check:
+    group: str
+    name: str
+    status: str  # pass | warn | fail
+    detail: str
+    fix: str = ""
+
+
+def check_environment(accelerator: str) -> list[Check]:
+    """Versions, and whether the GPU this torch build was made for can be used."""
+    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in STACK)
+    checks = [Check("environment", "python and stack", "pass", f"python {platform.python_version()}, {versions}")]
+    needs_gpu = accelerator in ("gpu", "cuda")
+    bad = "fail" if needs_gpu else "warn"
+    if torch.version.cuda is None:
+        fix = "install a CUDA build of torch (pytorch.org lists the one for your driver)" if needs_gpu else ""
+        checks.append(Check("environment", "cuda", "fail" if needs_gpu else "pass", "CPU-only build of torch", fix))
+    elif not torch.cuda.is_available():
+        built = f"torch is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is False"
+        if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+            checks.append(Check("environment", "cuda", bad, f"{built}: CUDA_VISIBLE_DEVICES hides every GPU",
+                                "unset CUDA_VISIBLE_DEVICES or name the GPUs to use"))  # fmt: skip
+        elif shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists():
+            checks.append(Check("environment", "cuda", bad, f"{built}, though an NVIDIA device is present: "
+                                "its driver is missing, not loaded or older than this CUDA needs",
+                                "nvidia-smi shows the newest CUDA the driver supports: update the driver, or "
+                                "install the torch build for that CUDA version"))  # fmt: skip
+        else:
+            status = "fail" if needs_gpu else "pass"
+            checks.append(Check("environment", "cuda", status, f"{built}: this machine has no NVIDIA GPU, so "
+                                "training runs on the CPU", "run on a GPU machine" if needs_gpu else ""))  # fmt: skip
+    else:
+        names, unsupported = [], []
+        arch_list = torch.cuda.get_arch_list()
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            names.append(f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})")
+            # A device runs this build's kernels if they were compiled for its architecture,
+            # or as PTX for an older one that the driver compiles on the fly.
+            if (
+                arch_list
+                and f"sm_{major}{minor}" not in arch_list
+                and not any(arch.startswith("compute_") and int(arch[8:]) <= major * 10 + minor for arch in arch_list)
+            ):
+                unsupported.append(names[-1])
+        detail = f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}: {', '.join(names)}"
+        if unsupported:
+            checks.append(Check("environment", "cuda", "fail", f"{detail}; this build has no kernels for "
+                                f"{', '.join(unsupported)} (it has {' '.join(arch_list)})",
+                                "install a torch build that lists the device's architecture"))  # fmt: skip
+        else:
+            checks.append(Check("environment", "cuda", "pass", detail))
+    return checks
+
+
+def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
+    """A content hash of every image of a split (files hashed as stored), and its labels."""
+    if isinstance(dataset, TensorImageDataset):
+        keys = [hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16).hexdigest() for image in dataset.images]
+        return keys, torch.as_tensor(dataset.labels)
+    if hasattr(dataset, "files") and hasattr(dataset, "labels"):  # streamed image files
+        keys = [hashlib.blake2b(Path(file).read_bytes(), digest_size=16).hexdigest() for file in dataset.files]
+        return keys, torch.as_tensor(dataset.labels)
+    items = [dataset[index] for index in range(len(dataset))]
+    keys = [hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16).hexdigest() for image, _ in items]
+    return keys, torch.as_tensor([int(label) for _, label in items])
+
+
+def check_splits(datamodule: ImageDataModule) -> list[Check]:
+    """Labels in range, class balance, and images shared between train, val and test."""
+    num_classes, checks = datamodule.num_classes, []
+    contents = {split: split_contents(datamodule.datasets[split]) for split in ("train", "val", "test")}
+    wrong = []
+    for split, (_, labels) in contents.items():
+        if labels.is_floating_point():
+            wrong.append(f"{split} labels are {labels.dtype}, not integer class indices")
+        elif len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+            outside = labels[(labels < 0) | (labels >= num_classes)]
+            wrong.append(f"{split}: {len(outside)} label(s) outside [0, {num_classes}), e.g. {outside[0].item()}")
+    if wrong:
+        checks.append(Check("data", "labels", "fail", "; ".join(wrong),
+                            "labels must be int64 indices 0..num_classes-1; check num_classes and the label mapping"))  # fmt: skip
+        return checks  # counting classes needs labels in range
+    checks.append(Check("data", "labels", "pass", f"integer labels in [0, {num_classes}) in every split"))
+    counts = {split: torch.bincount(labels, minlength=num_classes) for split, (_, labels) in contents.items()}
+    sizes = " / ".join(f"{split} {int(count.sum())}" for split, count in counts.items())
+    missing = {split: (count == 0).nonzero().flatten().tolist() for split, count in counts.items()}
+    train = counts["train"]
+    if missing["train"]:
+        status, detail = "fail", f"classes {missing['train']} have no training image"
+        fix = "add training images for them, or drop the classes"
+    elif missing["val"] or missing["test"]:
+        status, detail = "warn", f"classes missing from val {missing['val']} / test {missing['test']}"
+        fix = "use a stratified split (as the built-in sources do) or more held-out images"
+    elif train.max() > 10 * train.min():
+        status, detail = "warn", f"train has {int(train.max())} images of one class and {int(train.min())} of another"
+        fix = "weight the loss or sample classes evenly; report per-class accuracy"
+    else:
+        status, detail, fix = "pass", f"per class in train {int(train.min())}-{int(train.max())}", ""
+    checks.append(Check("data", "class balance", status, f"{sizes} images; {detail}", fix))
+    for first, second in (("train", "val"), ("train", "test"), ("val", "test")):
+        seen = {key: index for index, key in enumerate(contents[first][0])}
+        shared = [(seen[key], index) for index, key in enumerate(contents[second][0]) if key in seen]
+        name = f"{first}/{second} overlap"
+        if shared:
+            examples = ", ".join(f"{second}[{j}] = {first}[{i}]" for i, j in shared[:3])
+            checks.append(Check("data", name, "fail", f"{len(shared)} {second} image(s) also in {first}: {examples}",
+                                f"remove the duplicates: {second} accuracy measured on images trained on is inflated"))  # fmt: skip
+        else:
+            checks.append(Check("data", name, "pass", f"no {second} image is also in {first} (content hash)"))
+    return checks
+
+
+def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[list[Check], tuple | None]:
+    """Dtype, finiteness and range of a few training batches, before and after normalisation."""
+    problems, warnings, first = [], [], None
+    for index, (images, labels) in zip(range(batches), datamodule.train_dataloader()):
+        if not (images.dtype == torch.uint8 or images.is_floating_point()):
+            problems.append(f"batch {index}: images are {images.dtype}; expected uint8 or float")
+            continue
+        if images.is_floating_point() and not torch.isfinite(images).all():
+            problems.append(f"batch {index}: {int((~torch.isfinite(images)).sum())} NaN/Inf pixel(s) as loaded")
+        normalised, labels = datamodule.on_after_batch_transfer((images, labels), 0)
+        if not torch.isfinite(normalised).all():
+            problems.append(f"batch {index}: NaN/Inf after normalisation (mean {datamodule.mean.tolist()}, "
+                            f"std {datamodule.std.tolist()})")  # fmt: skip
+        elif normalised.abs().max() > 50:
+            warnings.append(f"batch {index}: normalised values reach {normalised.abs().max():.0f}")
+        first = first or (normalised, labels)
+    if problems:
+        return [Check("data", "batches", "fail", "; ".join(problems),
+                      "find the bad files or values (corrupt images, divide by zero) and fix or drop them")], first  # fmt: skip
+    if warnings:
+        return [
+            Check("data", "batches", "warn", "; ".join(warnings), "check the mean and std used to normalise")
+        ], first
+    detail = f"{batches} batches of {images.shape[0]}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
+    return [Check("data", "batches", "pass", detail)], first
+
+
+def autograd_leaves(output: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors requiring grad that ``output`` was computed from."""
+    leaves, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: where a leaf's gradient lands
+            leaves.append(node.variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return leaves
+
+
+def plain_containers(net: nn.Module) -> list[str]:
+    """Attributes holding modules or trainable tensors in a plain list, tuple or dict."""
+    found = []
+    for prefix, module in net.named_modules():
+        for attr, value in vars(module).items():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else []
+            if any(isinstance(v, nn.Module) or (torch.is_tensor(v) and v.requires_grad) for v in values):
+                found.append(f"{prefix}.{attr}" if prefix else attr)
+    return found
+
+
+def check_model(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> list[Check]:
+    """Raw logits out, a gradient into every parameter, nothing trainable left unregistered."""
+    net = copy.deepcopy(net).train()
+    try:
+        logits = net(images)
+    except Exception as error:  # reported as the failed check, with the network's own message
+        return [Check("model", "forward", "fail", f"{type(error).__name__}: {error}", "fix the network's forward")]
+    if logits.shape != (len(images), num_classes):
+        return [Check("model", "output shape", "fail", f"{tuple(logits.shape)} for {len(images)} images",
+                      f"the network must return (batch, {num_classes}) logits")]  # fmt: skip
+    checks = []
+    rows = logits.detach().double()
+    if rows.min() >= 0 and rows.max() <= 1 and torch.allclose(rows.sum(1), torch.ones_like(rows[:, 0]), atol=1e-3):
+        checks.append(Check("model", "raw logits", "fail", "outputs are probabilities (each row in [0, 1], summing "
+                            "to 1): a softmax before cross_entropy flattens the gradients",
+                            "return raw logits from forward: cross_entropy applies log-softmax itself"))  # fmt: skip
+    else:
+        checks.append(Check("model", "raw logits", "pass", f"outputs span [{rows.min():.2f}, {rows.max():.2f}]"))
+    registered = {id(parameter) for parameter in net.parameters()}
+    stray = [leaf for leaf in autograd_leaves(logits) if id(leaf) not in registered]
+    try:
+        F.cross_entropy(logits, labels).backward()
+    except RuntimeError as error:  # e.g. an in-place op overwrote a tensor autograd saved
+        checks.append(Check("model", "backward", "fail", str(error).splitlines()[0],
+                            "replace the in-place op (x += ..., relu(inplace=True) on a saved tensor) by x = x + ..."))  # fmt: skip
+        return checks
+    if stray:
+        where = ", ".join(plain_containers(net)) or "tensors created in forward"
+        checks.append(Check("model", "registered parameters", "fail", f"{len(stray)} trainable tensor(s) "
+                            f"({sum(t.numel() for t in stray):,} weights) outside the module tree, in: {where}; "
+                            "the optimizer never updates them and checkpoints never save them",
+                            "hold layers in nn.ModuleList / nn.ModuleDict and tensors in nn.Parameter"))  # fmt: skip
+    else:
+        checks.append(Check("model", "registered parameters", "pass", "every trainable tensor is a parameter"))
+    unused = [name for name, p in net.named_parameters() if p.requires_grad and p.grad is None]
+    if unused:
+        checks.append(Check("model", "gradients", "fail", f"no gradient reaches {len(unused)} parameter(s): "
+                            f"{', '.join(unused[:5])}", "use the layer in forward or remove it (and no .detach())"))  # fmt: skip
+    else:
+        checks.append(Check("model", "gradients", "pass", "a gradient reaches every parameter"))
+    return checks
+
+
+def shape_table(net: nn.Module, images: torch.Tensor) -> Table:
+    """Output shape and parameters of each top-level stage, for one input."""
+    net = copy.deepcopy(net).eval()
+    stages = []
+    for name, child in net.named_children():  # a ModuleList is never called itself: list its members
+        members = child.named_children() if isinstance(child, nn.ModuleList | nn.ModuleDict) else [("", child)]
+        stages += [(f"{name}.{sub}" if sub else name, module) for sub, module in members]
+    shapes = {}
+    for name, module in stages:
+        module.register_forward_hook(lambda module, inputs, output, name=name: shapes.update({name: output.shape}))
+    with torch.no_grad():
+        net(images[:1])
+    total = sum(p.numel() for p in net.parameters())
+    table = Table(title=f"{type(net).__name__}: {total:,} parameters, input {tuple(images.shape[1:])}")
+    for column in ("stage", "output shape", "parameters"):
+        table.add_column(column)
+    for name, module in stages:
+        shape = tuple(shapes[name]) if name in shapes else "not called"
+        table.add_row(name, str(shape), f"{sum(p.numel() for p in module.parameters()):,}")
+    return table
+
+
+def check_learnability(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
+                       steps: int = 200, target: float = 0.05) -> Check:  # fmt: skip
+    """Can the configured network and optimizer memorise a few images? If not, nothing else matters."""
+    net = copy.deepcopy(model.net).to(images.device).train()
+    optimizer = model.optimizer(parameter_groups(net))
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(net(images), labels)  # no label smoothing: it keeps the loss above 0
+        losses.append(loss.item())
+        if losses[-1] < target:
+            break
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    name, trend = "overfit one batch", f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    if losses[-1] < target:
+        return Check(
+            "learnability", name, "pass", f"{len(images)} images memorised: {trend} in {len(losses) - 1} steps"
+        )
+    return Check("learnability", name, "fail", f"{len(images)} images not memorised in {steps} steps: {trend}",
+                 "check the learning rate, that the loss sees the network's output, and that labels match images")  # fmt: skip
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def check_memory_and_speed(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
+                           batch_size: int, device: torch.device, seconds: float = 1.0) -> list[Check]:  # fmt: skip
+    """Memory of one training step at the configured batch, and images/s of a short timed loop."""
+    net = copy.deepcopy(model.net).to(device).train()
+    optimizer = model.optimizer(parameter_groups(net))
+    repeats = -(-batch_size // len(images))
+    batch = images.repeat(repeats, 1, 1, 1)[:batch_size].to(device), labels.repeat(repeats)[:batch_size].to(device)
+    activations = []
+    hooks = [m.register_forward_hook(lambda m, i, out: activations.append(tensor_bytes([out])))
+             for m in net.modules() if not list(m.children())]  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=False)
+        F.cross_entropy(net(batch[0]), batch[1]).backward()
+        optimizer.step()
+
+    try:
+        step()
+    except torch.OutOfMemoryError as error:
+        return [Check("resources", "memory", "fail", str(error).splitlines()[0],
+                      "lower data.batch_size, use bf16-mixed or model.net.checkpoint_stages")]  # fmt: skip
+    for hook in hooks:
+        hook.remove()
+    mb = 2**20
+    params = tensor_bytes(net.parameters())
+    grads = tensor_bytes(p.grad for p in net.parameters())
+    state = tensor_bytes(t for s in optimizer.state.values() for t in s.values())
+    detail = (f"batch {batch_size}: parameters {params / mb:.1f} MB, gradients {grads / mb:.1f} MB, optimizer "
+              f"{state / mb:.1f} MB, activations ~{sum(activations) / mb:.1f} MB (layer outputs)")  # fmt: skip
+    if device.type == "cuda":
+        detail += (f"; CUDA peak allocated {torch.cuda.max_memory_allocated(device) / mb:.0f} MB, "
+                   f"reserved {torch.cuda.max_memory_reserved(device) / mb:.0f} MB")  # fmt: skip
+    checks = [Check("resources", "memory", "pass", detail)]
+    step()  # warm-up: allocator and kernel choice
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    sync()
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds or steps < 2:
+        step()
+        steps += 1
+        sync()
+    rate = steps * batch_size / (time.perf_counter() - start)
+    checks.append(Check("resources", "throughput", "pass", f"{rate:,.0f} images/s training (fp32, {device}, "
+                        f"{steps} steps of {batch_size}; data loading not included)"))  # fmt: skip
+    return checks
+
+
+def run_checks(
+    model: ClassificationModule, datamodule: ImageDataModule, trainer: L.Trainer, overfit_images: int = 16
+) -> tuple[list[Check], Table | None]:
+    """Every check, in order, and the network's stage table once a clean batch is at hand."""
+    checks = check_environment(str(trainer._accelerator_connector._accelerator_flag))
+    try:
+        batch_size = datamodule.device_batch_size(trainer.world_size)
+    except ValueError as error:
+        return [*checks, Check("data", "batch size", "fail", str(error), "change data.global_batch_size")], None
+    datamodule.setup("fit")
+    datamodule.setup("test")
+    checks += check_splits(datamodule)
+    batch_checks, first = check_batches(datamodule)
+    checks += batch_checks
+    if first is None or any(check.status == "fail" for check in checks if check.group == "data"):
+        return checks, None  # the model checks need a clean batch
+    images, labels = first
+    few = images[:overfit_images], labels[:overfit_images]
+    checks += check_model(model.net, *few, datamodule.num_classes)
+    if any(check.status == "fail" for check in checks if check.group == "model"):
+        return checks, None
+    device = trainer.strategy.root_device
+    checks.append(check_learnability(model, *(tensor.to(device) for tensor in few)))
+    checks += check_memory_and_speed(model, images, labels, batch_size, device)
+    return checks, shape_table(model.net, images)
+
+
+def report(checks: list[Check], console: Console) -> None:
+    table = Table(title=f"{PROGRAM} doctor")
+    for column in ("group", "check", "status", "what it saw", "fix"):
+        table.add_column(column, overflow="fold")
+    for check in checks:
+        table.add_row(check.group, check.name, f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix)
+    console.print(table)
+
+
+def main(args: list[str]) -> None:
+    """``template doctor [fit options]``: exit status 1 when any check fails."""
+    built = cli(args, run=False, command="doctor")
+    checks, stages = run_checks(built.model, built.datamodule, built.trainer)
+    console = Console()
+    if stages is not None:
+        console.print(stages)
+    report(checks, console)
+    failed = [f"{check.group}/{check.name}" for check in checks if check.status == "fail"]
+    if failed:
+        console.print(f"[bold red]failed: {', '.join(failed)}[/]")
+        raise SystemExit(1)
+    warned = sum(check.status == "warn" for check in checks)
+    console.print(f"[green]no check failed[/] ({warned} warning(s))" if warned else "[green]every check passed[/]")

@@ -1,0 +1,64 @@
+"""``template lr-find``: Lightning's learning-rate range test on the configured run.
+
+    template lr-find [--min_lr 1e-6] [--max_lr 1] [--num_training 100] [fit options]
+
+From the configured model's initial weights (restored afterwards), it trains
+``num_training`` steps while the learning rate grows exponentially from ``min_lr`` to
+``max_lr``; saves the loss-vs-LR curve as ``lr_find.png`` and ``lr_find.csv`` in a run
+directory; and prints the suggested LR, where the smoothed loss falls fastest. Read the
+curve too: the suggestion is a heuristic, and the peak LR of a warm-up + cosine schedule
+can usually sit several times above it, below where the loss turns up.
+"""
+
+import argparse
+import csv
+from pathlib import Path
+
+from lightning.pytorch.tuner import Tuner
+from rich.console import Console
+
+from template.cli import PROGRAM, cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROGRAM} lr-find",
+        description="Learning-rate range test; every other option is a `fit` option (see `fit --help`).",
+    )
+    parser.add_argument("--min_lr", type=float, default=1e-6, help="learning rate of the first step")
+    parser.add_argument("--max_lr", type=float, default=1.0, help="learning rate of the last step")
+    parser.add_argument("--num_training", type=int, default=100, help="steps of the test")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    parser = build_parser()
+    options, fit_args = parser.parse_known_args(args)
+    if not 0 < options.min_lr < options.max_lr:
+        parser.error(f"need 0 < min_lr < max_lr, got {options.min_lr} and {options.max_lr}")
+    built = cli(fit_args, run=False, command="lr-find")
+    finder = Tuner(built.trainer).lr_find(
+        built.model,
+        datamodule=built.datamodule,
+        min_lr=options.min_lr,
+        max_lr=options.max_lr,
+        num_training=options.num_training,
+        update_attr=False,  # the LR lives in the optimizer's config: the user sets it, knowingly
+    )
+    if not built.trainer.is_global_zero:
+        return
+    run_dir = Path(built.trainer.log_dir or ".")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "lr_find.csv", "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["lr", "loss"])
+        writer.writerows(zip(finder.results["lr"], finder.results["loss"]))
+    figure = finder.plot(suggest=True)
+    figure.savefig(run_dir / "lr_find.png", dpi=120)
+    suggestion = finder.suggestion()
+    console = Console(soft_wrap=True)
+    console.print(f"loss-vs-LR curve: {run_dir / 'lr_find.png'} (values in lr_find.csv)", highlight=False)
+    if suggestion is None:
+        console.print("no suggestion: the loss never fell steadily; read the curve, or widen min_lr / max_lr")
+        raise SystemExit(1)
+    console.print(f"suggested lr: {suggestion:.3g}  (set it with --model.optimizer.init_args.lr {suggestion:.3g})")

@@ -1,0 +1,176 @@
+"""`template doctor`: each classic bug, planted, fails the check named for it; the default passes."""
+
+import csv
+import re
+import shutil
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from template import doctor
+from template.cli import main
+from template.data import DigitsDataModule
+from template.module import ClassificationModule
+from template.nets import ResNetSmall
+
+
+class PlainListNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = [nn.Linear(64, 32)]  # the bug: a plain list registers nothing
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden[0](x.flatten(1))))
+
+
+class SoftmaxNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1)).softmax(dim=1)  # the bug: cross_entropy gets probabilities
+
+
+class UnusedBranchNet(SoftmaxNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.auxiliary = nn.Linear(64, 10)  # never called
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1))
+
+
+class InPlaceNet(SoftmaxNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.sigmoid(self.head(x.flatten(1)))
+        hidden += 1  # the bug: sigmoid's backward needs the output this overwrites
+        return hidden
+
+
+class NaNPixels(DigitsDataModule):
+    def load_split(self, split):
+        images, labels = super().load_split(split)
+        images = images.float()
+        images[::50, :, 2, 3] = float("nan")  # a corrupt pixel in one image of every fifty
+        return images, labels
+
+
+class LabelEqualToNumClasses(DigitsDataModule):
+    def load_split(self, split):
+        images, labels = super().load_split(split)
+        return images, torch.where(torch.arange(len(labels)) == 7, self.num_classes, labels)
+
+
+class DuplicatedTestImage(DigitsDataModule):
+    def load_split(self, split):
+        images, labels = super().load_split(split)
+        if split == "train":
+            test_images, test_labels = super().load_split("test")
+            images, labels = torch.cat([images, test_images[:2]]), torch.cat([labels, test_labels[:2]])
+        return images, labels
+
+
+def checks(net: nn.Module | None = None, data: DigitsDataModule | None = None, lr: float = 3e-3) -> dict:
+    L.seed_everything(0)
+    model = ClassificationModule(net or ResNetSmall(10, 1), optimizer=partial(torch.optim.AdamW, lr=lr))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    found, _ = doctor.run_checks(model, data or DigitsDataModule(), trainer)
+    return {check.name: check for check in found}
+
+
+def failed(found: dict) -> list[str]:
+    return [name for name, check in found.items() if check.status == "fail"]
+
+
+def test_the_default_config_passes_every_check(capsys):
+    main(["doctor", "--trainer.accelerator", "cpu"])  # no SystemExit: nothing failed
+    out = capsys.readouterr().out
+    assert "every check passed" in out and "fail" not in out
+    for name in ("labels", "train/test overlap", "raw logits", "gradients", "overfit one batch", "throughput"):
+        assert name in out
+    assert "stages.0" in out and "(1, 10)" in out  # the stage table: shapes down to the logits
+
+
+@pytest.mark.parametrize(
+    ("net", "data", "check", "says"),
+    [
+        (PlainListNet(), None, "registered parameters", "hidden"),
+        (SoftmaxNet(), None, "raw logits", "softmax"),
+        (UnusedBranchNet(), None, "gradients", "auxiliary.weight"),
+        (InPlaceNet(), None, "backward", "inplace"),
+        (None, NaNPixels(), "batches", "NaN"),
+        (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
+        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train"),
+    ],
+    ids=["plain-list", "softmax", "unused-branch", "in-place", "nan-pixels", "label-range", "test-in-train"],
+)
+def test_a_planted_bug_fails_its_check_and_names_it(net, data, check, says):
+    found = checks(net, data)
+    assert failed(found) == [check], {name: c.detail for name, c in found.items()}
+    assert says in found[check].detail and found[check].fix
+
+
+def test_a_model_that_cannot_learn_fails_the_overfit_check():
+    found = checks(lr=0.0)
+    assert failed(found) == ["overfit one batch"]
+    assert "not memorised" in found["overfit one batch"].detail
+
+
+def test_any_failed_check_exits_non_zero_and_names_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--trainer.accelerator", "cpu", "--model.optimizer.init_args.lr", "0"])
+    assert exit_info.value.code == 1
+    assert "failed: learnability/overfit one batch" in capsys.readouterr().out
+
+
+def test_a_global_batch_that_does_not_divide_fails_before_loading_data():
+    model = ClassificationModule(ResNetSmall(10, 1))
+    trainer = L.Trainer(accelerator="cpu", devices=3, strategy="ddp_spawn", logger=False)  # 3 processes, never started
+    found, _ = doctor.run_checks(model, DigitsDataModule(global_batch_size=64), trainer)
+    assert found[-1].name == "batch size" and found[-1].status == "fail" and "66" in found[-1].detail
+
+
+@pytest.mark.parametrize(
+    ("visible", "driver", "accelerator", "status", "says"),
+    [
+        (None, None, "auto", "pass", "has no NVIDIA GPU"),
+        ("", None, "auto", "warn", "CUDA_VISIBLE_DEVICES hides every GPU"),
+        (None, "/usr/bin/nvidia-smi", "auto", "warn", "older than this CUDA needs"),
+        (None, "/usr/bin/nvidia-smi", "gpu", "fail", "older than this CUDA needs"),
+    ],
+)
+def test_a_cuda_build_without_a_usable_gpu_is_explained(monkeypatch, visible, driver, accelerator, status, says):
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(shutil, "which", lambda name: driver)
+    monkeypatch.setattr(doctor.Path, "exists", lambda self: False)  # no /dev/nvidia0
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cuda = doctor.check_environment(accelerator)[-1]
+    assert (cuda.name, cuda.status) == ("cuda", status) and "CUDA 12.8" in cuda.detail and says in cuda.detail
+
+
+def test_lr_find_saves_the_curve_in_the_run_directory_and_prints_a_suggestion(run_cli, capsys):
+    main(["lr-find", "--num_training", "40", *run_cli.tiny_args])
+    run_dir = run_cli.runs_dir / "digits" / "version_0"
+    with Image.open(run_dir / "lr_find.png") as png:
+        assert png.format == "PNG" and png.width > 100
+    with open(run_dir / "lr_find.csv") as file:
+        lrs = [float(row["lr"]) for row in csv.DictReader(file)]
+    assert len(lrs) == 40 and lrs == sorted(lrs) and 1e-6 <= lrs[0] < lrs[-1] <= 1.0  # an exponential sweep
+    suggested = float(re.search(r"suggested lr: (\S+)", capsys.readouterr().out).group(1))
+    assert any(abs(suggested - lr) <= 1e-3 * lr for lr in lrs)  # one of the LRs tried
+
+
+def test_lr_find_refuses_an_empty_range(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["lr-find", "--min_lr", "1", "--max_lr", "0.1"])
+    assert exit_info.value.code == 2 and "need 0 < min_lr < max_lr" in capsys.readouterr().err
