@@ -102,6 +102,12 @@ class ClassificationModule(L.LightningModule):
         lr_scheduler: builds the scheduler from the optimizer and the total number of
             optimizer steps; ``None`` keeps the learning rate constant.
         label_smoothing: mass moved from the true class to all classes in the loss.
+        channels_last: keep weights and inputs in NHWC memory order, which tensor-core
+            convolutions (fp16/bf16 on recent GPUs) run faster; results are the same.
+        compile: ``torch.compile`` the network in place (``nn.Module.compile``, so checkpoint
+            keys do not change): faster steps on GPU after a compile of tens of seconds.
+        flip_tta: evaluate (val, test, predict) on the average of the logits of each image
+            and its mirror image. Only for classes that a mirror does not change.
     """
 
     def __init__(
@@ -113,6 +119,9 @@ class ClassificationModule(L.LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: SchedulerCallable | None = WarmupCosine,
         label_smoothing: float = 0.0,
+        channels_last: bool = False,
+        compile: bool = False,
+        flip_tta: bool = False,
     ) -> None:
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
@@ -131,6 +140,9 @@ class ClassificationModule(L.LightningModule):
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.label_smoothing = label_smoothing
+        self.channels_last = channels_last
+        self.compile_net = compile
+        self.flip_tta = flip_tta
         self.class_names = list(class_names) if class_names else [str(index) for index in range(num_classes)]
         if input_shape is not None:
             self.example_input_array = torch.zeros(2, *input_shape)
@@ -139,7 +151,15 @@ class ClassificationModule(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
+    def setup(self, stage: str) -> None:
+        if self.channels_last:  # moving to the device later keeps the memory format
+            self.net.to(memory_format=torch.channels_last)
+        if self.compile_net and not getattr(self.net, "_compiled_call_impl", None):
+            self.net.compile()
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)  # (B, C, H, W), NHWC in memory
         return self.net(images)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -156,9 +176,15 @@ class ClassificationModule(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(labels))
         return loss
 
+    def _evaluate_logits(self, images: torch.Tensor) -> torch.Tensor:
+        logits = self(images)
+        if self.flip_tta:
+            logits = (logits + self(images.flip(-1))) / 2  # the mirror image's vote, averaged in
+        return logits
+
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
-        logits = self(images)
+        logits = self._evaluate_logits(images)
         metric = self.val_acc if split == "val" else self.test_acc
         metric(logits, labels)
         # sync_dist: average over DDP ranks so every rank sees (and checkpoints on) the same value.
@@ -174,7 +200,7 @@ class ClassificationModule(L.LightningModule):
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images = batch[0]
-        return self(images).softmax(dim=1)  # (B, K) class probabilities
+        return self._evaluate_logits(images).softmax(dim=1)  # (B, K) class probabilities
 
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer(parameter_groups(self.net))

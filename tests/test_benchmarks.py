@@ -1,5 +1,6 @@
 """The benchmark scripts stay runnable: tiny settings, and no timing is asserted."""
 
+import os
 import re
 import subprocess
 import sys
@@ -14,3 +15,26 @@ def test_data_throughput_runs_end_to_end_and_reports_a_ratio():
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"ratio \(b\)/\(a\): [\d.]+x", result.stdout)
     assert "one-off cache build" in result.stdout and "baseline ImageFolder" in result.stdout
+
+
+def test_overhead_benchmark_reports_per_step_overhead_and_the_ratio():
+    command = [sys.executable, "benchmarks/overhead.py", "--repeats", "1", "--epochs", "1", "--settings", "digits"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(
+        r"digits per-step overhead: -?[\d.]+ ms from two run lengths, -?[\d.]+ ms from median", result.stdout
+    )
+    assert re.search(r"digits ratio \(b\)/\(a\) per epoch: [\d.]+", result.stdout)
+    for figure in ("per_step_ms", "epoch_fixed_ms", "startup_s", "median step interval"):
+        assert figure in result.stdout
+
+
+def test_gpu_recipe_runs_end_to_end_on_the_cpu_with_smoke():
+    environment = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(["bash", "benchmarks/gpu_recipe.sh", "--smoke"], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env=environment)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "configs/cifar10_fast.yaml" in result.stdout and "versions: torch" in result.stdout
+    assert re.search(r"to 94%: +(not reached|[\d.]+ s of epochs)", result.stdout)
+    assert re.search(r"speed: +[\d,]+ training images/s", result.stdout)
+    assert re.search(r"test/acc: [\d.]+ \(final model", result.stdout)

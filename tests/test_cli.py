@@ -101,17 +101,23 @@ def test_configs_default_yaml_is_exactly_the_built_in_default(print_config):
     assert print_config("--config", "configs/default.yaml") == print_config()
 
 
-@pytest.mark.parametrize(
-    "configs",
-    [
-        ["configs/cifar10_resnet18.yaml"],
-        ["configs/imagefolder.yaml"],
-        ["configs/default.yaml", "configs/trainer/ddp.yaml"],
-        ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
-        ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
-        ["configs/default.yaml", "configs/trainer/overfit_batches.yaml"],
-    ],
-)
+CONFIG_SETS = [
+    ["configs/cifar10_resnet18.yaml"],
+    ["configs/cifar10_fast.yaml"],
+    ["configs/imagefolder.yaml"],
+    ["configs/default.yaml", "configs/trainer/ddp.yaml"],
+    ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
+    ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
+    ["configs/default.yaml", "configs/trainer/overfit_batches.yaml"],
+]
+
+
+def test_the_config_sets_cover_every_config_file():
+    listed = {path for configs in CONFIG_SETS for path in configs}
+    assert listed == {str(path.relative_to(REPO)) for path in (REPO / "configs").rglob("*.yaml")}
+
+
+@pytest.mark.parametrize("configs", CONFIG_SETS)
 def test_every_config_parses_and_composes(print_config, configs):
     args = [arg for path in configs for arg in ("--config", path)]
     printed = print_config(*args)

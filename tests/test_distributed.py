@@ -1,5 +1,7 @@
-"""Scale: real multi-process DDP (gloo on CPU), torchrun across two 'nodes', accumulation, bf16."""
+"""Scale: real multi-process DDP (gloo on CPU), torchrun across two 'nodes', accumulation, bf16,
+channels_last, torch.compile and EMA."""
 
+import copy
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from torch import nn
 from template import cli as cli_module
 from template.data import DigitsDataModule
 from template.module import ClassificationModule
+from template.nets import ResNetSmall
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -163,3 +166,37 @@ def test_slurm_script_is_valid_and_asks_for_lightnings_requeue_signal():
     assert "#SBATCH --signal=SIGUSR1@90" in text and "srun python -m template fit" in text
     for config in ("configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"):
         assert config in text and (REPO / config).is_file()
+
+
+def test_channels_last_keeps_weights_and_inputs_nhwc_and_the_outputs_unchanged():
+    L.seed_everything(0)
+    plain = ClassificationModule(ResNetSmall(10, 1)).eval()
+    nhwc = ClassificationModule(copy.deepcopy(plain.net), channels_last=True).eval()
+    nhwc.setup("fit")
+    conv = nhwc.net.stages[0][0].conv1.weight  # (32, 32, 3, 3): NHWC differs from NCHW
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    images = torch.randn(4, 1, 8, 8)
+    torch.testing.assert_close(nhwc(images), plain(images), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compile_is_opt_in_and_keeps_the_checkpoint_keys(run_cli):
+    steps = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"]
+    compiled = run_cli("fit", "--model.compile", "true", *steps)
+    assert compiled.model.net._compiled_call_impl is not None  # training ran through torch.compile
+    checkpoint = torch.load(run_cli.runs_dir / "digits/version_0/checkpoints/last.ckpt", weights_only=True)
+    eager = ClassificationModule(ResNetSmall(10, 1))
+    assert set(checkpoint["state_dict"]) == set(eager.state_dict())  # no `_orig_mod.` prefixes
+    assert run_cli("fit", *steps).model.net._compiled_call_impl is None  # off by default
+
+
+def test_ema_weights_are_validated_checkpointed_and_kept_at_the_end(run_cli):
+    run = run_cli(
+        "fit", "--trainer.max_epochs", "2", "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
+        "--trainer.callbacks.decay", "0.9",
+    )  # fmt: skip
+    checkpoint = torch.load(run_cli.runs_dir / "digits/version_0/checkpoints/last.ckpt", weights_only=True)
+    ema, raw = checkpoint["state_dict"], checkpoint["current_model_state"]  # EMA is what predict/export load
+    assert not torch.equal(ema["net.head.weight"], raw["net.head.weight"])
+    for name, value in run.model.state_dict().items():  # at the end, training leaves the EMA weights
+        torch.testing.assert_close(value, ema[name], msg=name)

@@ -89,7 +89,19 @@ def test_loss_is_cross_entropy_on_raw_logits_with_label_smoothing():
 
 def test_objects_passed_from_python_stay_out_of_the_hyperparameters():
     module = make_module(class_names=[f"c{k}" for k in range(10)], input_shape=(1, 8, 8))
-    assert set(module.hparams) == {"num_classes", "class_names", "input_shape", "label_smoothing"}
+    primitives = {"num_classes", "class_names", "input_shape", "label_smoothing", "channels_last", "compile", "flip_tta"}
+    assert set(module.hparams) == primitives
     assert module.example_input_array.shape == (2, 1, 8, 8)
     with pytest.raises(ValueError, match="3 class_names given for num_classes=10"):
         make_module(class_names=["a", "b", "c"])
+
+
+def test_flip_tta_averages_the_logits_of_each_image_and_its_mirror():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))  # not mirror-symmetric: a flip changes its output
+    images, labels = torch.randn(2, 1, 3, 4), torch.tensor([0, 2])
+    module = ClassificationModule(net, num_classes=3, flip_tta=True)
+    expected = (net(images) + net(images.flip(-1))) / 2
+    assert not torch.allclose(expected, net(images))
+    torch.testing.assert_close(module.validation_step((images, labels), 0), expected)
+    torch.testing.assert_close(module.predict_step((images,), 0), expected.softmax(1))

@@ -3,9 +3,10 @@
 from template.nets.resnet import (
     BasicBlock,
     ResNet,
+    ResNet9,
     ResNet18,
     ResNet34,
     ResNetSmall,
 )
 
-__all__ = ["BasicBlock", "ResNet", "ResNet18", "ResNet34", "ResNetSmall"]
+__all__ = ["BasicBlock", "ResNet", "ResNet9", "ResNet18", "ResNet34", "ResNetSmall"]

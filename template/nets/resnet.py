@@ -135,6 +135,14 @@ class ResNetSmall(ResNet):
         super().__init__(num_classes, in_channels, (32, 64, 128), (1, 1, 1), checkpoint_stages=checkpoint_stages)
 
 
+class ResNet9(ResNet):
+    """ResNet-9 style, as in the fast CIFAR-10 recipes: a 64-wide stem, then one BasicBlock at
+    each of widths 128, 256 and 512 (~6.5 M parameters)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, checkpoint_stages: bool = False) -> None:
+        super().__init__(num_classes, in_channels, (128, 256, 512), (1, 1, 1), 64, checkpoint_stages)
+
+
 class ResNet18(ResNet):
     """The ResNet-18 layout, widths 64-512, two blocks a stage (11 M parameters)."""
 

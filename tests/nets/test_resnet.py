@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from template.nets import BasicBlock, ResNet, ResNet18, ResNet34, ResNetSmall
+from template.nets import BasicBlock, ResNet, ResNet9, ResNet18, ResNet34, ResNetSmall
 
 
-@pytest.mark.parametrize("preset", [ResNetSmall, ResNet18, ResNet34])
+@pytest.mark.parametrize("preset", [ResNetSmall, ResNet9, ResNet18, ResNet34])
 @pytest.mark.parametrize("size", [(8, 8), (32, 32), (7, 13), (1, 1)])
 def test_presets_give_finite_logits_for_any_input_size(preset, size):
     net = preset(num_classes=7, in_channels=2)
@@ -24,6 +24,7 @@ def test_preset_layouts_match_the_papers():
 
     assert blocks(ResNet18()) == [2, 2, 2, 2]
     assert blocks(ResNet34()) == [3, 4, 6, 3]
+    assert blocks(ResNet9()) == [1, 1, 1] and ResNet9().stem[0].out_channels == 64
     assert sum(p.numel() for p in ResNet18(num_classes=10).parameters()) == pytest.approx(11.17e6, rel=0.01)
 
 
