@@ -10,13 +10,16 @@ Both train the same network on the same in-memory data for the same optimizer st
     checkpoints, LR monitor, NaN guard, training monitor with confusion matrix and
     misclassified grid, metrics.csv, run record), run in-process through the CLI, plus
     `gradient_clip_val 1.0` so that both clip.
-Each is timed at three run lengths, E and 2E full epochs and E epochs of half the steps, so:
-    per step  = (T(E, n) - T(E, n/2)) / (E n/2)
+Each is timed at three run lengths, E and 2E full epochs and E epochs of a quarter of the
+steps (limit_train_batches), so, with n the steps of an epoch:
+    per step  = (T(E, n) - T(E, n/4)) / (E 3n/4)
     per epoch = (T(2E, n) - T(E, n)) / E          (the whole epoch: steps, validation, saving)
     start-up  = T(E, n) - E * per epoch
-The ratio (b)/(a) is of the time per epoch: what a long run costs, start-up aside. As a
-check on the per-step figure, which the differences of noisy wall times blur on a shared
-machine, the median interval between the starts of successive steps is printed too.
+The ratio (b)/(a) is of the time per epoch: what a long run costs, start-up aside.
+Differences of whole-run wall times are blurred by a shared machine's noise (a few percent
+from run to run), so both figures are also measured directly: the median interval between
+the starts of successive steps, and of successive epochs (training, validation and saving
+of one epoch), over every run. Those medians are the steadier figures.
 Settings: `digits` (the default run: 8x8 images, batch 64, tiny steps where overhead shows)
 and `batch128` (the small network on 32x32 RGB images, batch 128, 16 steps an epoch).
 """
@@ -57,24 +60,30 @@ class SyntheticDataModule(ImageDataModule):
         return images, torch.randint(0, 10, (self.sizes[split],), generator=generator)
 
 
-STEP_STARTS: list[list[float]] = []  # per epoch: when each training step began
+CLOCK: dict[str, list] = {"steps": [], "epochs": []}  # step start times per epoch; epoch start times
 
 
-class StepClock(lightning.Callback):
-    """Notes when each training step of `template fit` begins, as the plain loop does itself."""
+class Clock(lightning.Callback):
+    """Notes when each epoch and training step of `template fit` begins, as the plain loop does."""
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        STEP_STARTS.append([])
+        CLOCK["epochs"].append(time.perf_counter())
+        CLOCK["steps"].append([])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        STEP_STARTS[-1].append(time.perf_counter())
+        CLOCK["steps"][-1].append(time.perf_counter())
 
 
-def median_step_ms(run, *args) -> float:
-    """Median time from one training step's start to the next's: steady state, outliers aside."""
-    STEP_STARTS.clear()
+def run_once(run, *args) -> tuple[float, list[float], list[float]]:
+    """Wall time of a whole run, then its step-to-step and epoch-to-epoch intervals (s)."""
+    CLOCK["steps"].clear()
+    CLOCK["epochs"].clear()
+    start = time.perf_counter()
     run(*args)
-    return 1000 * statistics.median(b - a for epoch in STEP_STARTS for a, b in zip(epoch, epoch[1:]))
+    total = time.perf_counter() - start
+    steps = [b - a for epoch in CLOCK["steps"] for a, b in zip(epoch, epoch[1:])]
+    epochs = [b - a for a, b in zip(CLOCK["epochs"], CLOCK["epochs"][1:])]
+    return total, steps, epochs
 
 
 SETTINGS = {
@@ -100,10 +109,11 @@ def plain_loop(setting: str, epochs: int, steps: int) -> None:
     loader = DataLoader(train, data.batch_size, shuffle=True, drop_last=True, collate_fn=keep_batch)
     val_loader = DataLoader(val, data.batch_size, collate_fn=keep_batch)
     for _ in range(epochs):
+        CLOCK["epochs"].append(time.perf_counter())
+        CLOCK["steps"].append([])
         net.train()
-        STEP_STARTS.append([])
         for _, (images, labels) in zip(range(steps), loader):
-            STEP_STARTS[-1].append(time.perf_counter())
+            CLOCK["steps"][-1].append(time.perf_counter())
             images = random_crop(images, data.crop_padding) if data.crop_padding else images
             images = random_hflip(images) if data.hflip else images
             images = normalize(images.float().div_(255), data.mean, data.std)
@@ -135,46 +145,54 @@ def template_fit(setting: str, epochs: int, steps: int) -> None:
                 str(steps),
                 "--trainer.gradient_clip_val",
                 "1.0",
-                f"--trainer.callbacks+={__name__}.StepClock",
+                f"--trainer.callbacks+={__name__}.Clock",
                 "--trainer.logger.init_args.save_dir",
                 runs,
             ]  # fmt: skip
         )
 
 
-def timed(run, *args) -> float:
-    start = time.perf_counter()
-    run(*args)
-    return time.perf_counter() - start
+def decompose(totals: dict[str, float], epochs: int, steps: int, short: int) -> dict[str, float]:
+    """Per-step, per-epoch and start-up time from the three run lengths' wall times (s)."""
+    per_step = (totals["E,n"] - totals["E,short"]) / (epochs * (steps - short))
+    per_epoch = (totals["2E,n"] - totals["E,n"]) / epochs
+    return {
+        "per_step_ms": 1000 * per_step,
+        "epoch_fixed_ms": 1000 * (per_epoch - steps * per_step),  # validation, saving, logging
+        "per_epoch_s": per_epoch,
+        "startup_s": totals["E,n"] - epochs * per_epoch,
+    }
 
 
 def measure(setting: str, epochs: int, repeats: int) -> dict:
     data = SETTINGS[setting]["data"]()
     data.setup("fit")
     steps = len(data.datasets["train"]) // data.batch_size
-    lengths = {"E,n": (epochs, steps), "E,n/2": (epochs, steps // 2), "2E,n": (2 * epochs, steps)}
+    short = max(2, steps // 4)
+    lengths = {"E,n": (epochs, steps), "E,short": (epochs, short), "2E,n": (2 * epochs, steps)}
     times = {(loop, length): [] for loop in "ab" for length in lengths}
+    gaps = {(loop, kind): [] for loop in "ab" for kind in ("step", "epoch")}  # per run: median interval
     plain_loop(setting, 1, 2)  # warm-up: allocator, kernels, imports
     template_fit(setting, 1, 2)
-    for _ in range(repeats):  # alternate, so drifts in machine speed hit both alike
+    for _ in range(repeats):  # (a) and (b) back to back, so drifts in machine speed hit both alike
         for length, (e, n) in lengths.items():
-            times["a", length].append(timed(plain_loop, setting, e, n))
-            times["b", length].append(timed(template_fit, setting, e, n))
-    result = {"steps": steps, "epochs": epochs}
-    for loop, run in (("a", plain_loop), ("b", template_fit)):  # a third, direct look at the step
-        result[f"step_ms_{loop}"] = statistics.median(
-            median_step_ms(run, setting, epochs, steps) for _ in range(repeats)
-        )
+            for loop, run in (("a", plain_loop), ("b", template_fit)):
+                total, step_gaps, epoch_gaps = run_once(run, setting, e, n)
+                times[loop, length].append(total)
+                gaps[loop, "step"].append(statistics.median(step_gaps))
+                if n == steps and epoch_gaps:  # whole epochs only
+                    gaps[loop, "epoch"].append(statistics.median(epoch_gaps))
+    result = {"steps": steps, "epochs": epochs, "short": short}
     for loop in "ab":
-        median = {length: statistics.median(times[loop, length]) for length in lengths}
-        per_step = (median["E,n"] - median["E,n/2"]) / (epochs * (steps - steps // 2))
-        per_epoch = (median["2E,n"] - median["E,n"]) / epochs
-        result[loop] = {
-            "per_step_ms": 1000 * per_step,
-            "per_epoch_s": per_epoch,
-            "epoch_fixed_ms": 1000 * (per_epoch - steps * per_step),  # validation, saving, logging
-            "startup_s": median["E,n"] - epochs * per_epoch,
-        }
+        result[loop] = decompose({k: statistics.median(times[loop, k]) for k in lengths}, epochs, steps, short)
+        result[loop]["step_interval_ms"] = 1000 * statistics.median(gaps[loop, "step"])
+        result[loop]["epoch_interval_s"] = statistics.median(gaps[loop, "epoch"])
+    # The overhead from paired differences, each (b) run against the (a) run just before it.
+    paired = {k: statistics.median(b - a for a, b in zip(times["a", k], times["b", k])) for k in lengths}
+    result["overhead"] = decompose(paired, epochs, steps, short)
+    for kind, key, scale in (("step", "step_interval_ms", 1000), ("epoch", "epoch_interval_s", 1)):
+        pairs = zip(gaps["a", kind], gaps["b", kind])
+        result["overhead"][key] = scale * statistics.median(b - a for a, b in pairs)
     return result
 
 
@@ -188,18 +206,22 @@ def main() -> None:
           f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")  # fmt: skip
     for setting in options.settings:
         result = measure(setting, options.epochs or SETTINGS[setting]["epochs"], options.repeats)
-        a, b = result["a"], result["b"]
-        print(f"\n{setting}: {result['steps']} steps an epoch, E={result['epochs']}, medians of {options.repeats}")
+        a, b, overhead = result["a"], result["b"], result["overhead"]
+        print(f"\n{setting}: {result['steps']} steps an epoch (short runs {result['short']}), E={result['epochs']}, "
+              f"medians of {options.repeats}; overhead from paired (a), (b) runs")  # fmt: skip
         print(f"{'':24}{'(a) plain loop':>16}{'(b) template fit':>18}{'overhead':>12}")
-        for key, unit in (("per_step_ms", "ms"), ("epoch_fixed_ms", "ms"), ("per_epoch_s", "s"), ("startup_s", "s")):
-            print(f"{key:24}{a[key]:>14.3f}{unit:>2}{b[key]:>16.3f}{unit:>2}{b[key] - a[key]:>10.3f}{unit:>2}")
-        step_a, step_b = result["step_ms_a"], result["step_ms_b"]
-        print(f"{'median step interval':24}{step_a:>14.3f}ms{step_b:>16.3f}ms{step_b - step_a:>10.3f}ms")
+        rows = [("per_step_ms", "ms"), ("epoch_fixed_ms", "ms"), ("per_epoch_s", "s"), ("startup_s", "s"),
+                ("step_interval_ms", "ms"), ("epoch_interval_s", "s")]  # fmt: skip
+        for key, unit in rows:
+            print(f"{key:24}{a[key]:>14.3f}{unit:>2}{b[key]:>16.3f}{unit:>2}{overhead[key]:>10.3f}{unit:>2}")
         print(
-            f"{setting} per-step overhead: {b['per_step_ms'] - a['per_step_ms']:.3f} ms from two run lengths, "
-            f"{step_b - step_a:.3f} ms from median step intervals"
+            f"{setting} per-step overhead: {overhead['per_step_ms']:.3f} ms from two run lengths, "
+            f"{overhead['step_interval_ms']:.3f} ms from median step intervals"
         )
-        print(f"{setting} ratio (b)/(a) per epoch: {b['per_epoch_s'] / a['per_epoch_s']:.3f}")
+        print(
+            f"{setting} ratio (b)/(a) per epoch: {1 + overhead['epoch_interval_s'] / a['epoch_interval_s']:.3f} from median "
+            f"epoch intervals, {1 + overhead['per_epoch_s'] / a['per_epoch_s']:.3f} from two run lengths"
+        )
 
 
 if __name__ == "__main__":

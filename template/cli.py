@@ -80,7 +80,7 @@ class ClassificationCLI(LightningCLI):
         parser.set_defaults(
             {
                 # A list the user may replace (`trainer.callbacks`) or extend (`trainer.callbacks+`).
-                "trainer.callbacks": [{"class_path": "lightning.pytorch.callbacks.RichProgressBar"}],
+                "trainer.callbacks": [{"class_path": "template.callbacks.ThrottledProgressBar"}],
                 "lr_monitor.logging_interval": "step",
                 "checkpoint.monitor": "val/acc",
                 "checkpoint.mode": "max",

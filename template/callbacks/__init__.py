@@ -3,6 +3,7 @@
 from template.callbacks.monitor import TrainingMonitor
 from template.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from template.callbacks.predictions import PredictionWriter
+from template.callbacks.progress import ThrottledProgressBar
 from template.callbacks.resume import Preemption, ResumeState
 from template.callbacks.run_record import RunRecord
 
@@ -13,5 +14,6 @@ __all__ = [
     "Preemption",
     "ResumeState",
     "RunRecord",
+    "ThrottledProgressBar",
     "TrainingMonitor",
 ]

@@ -5,6 +5,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.optim import Optimizer
 
+from template.module import writes_step_metrics
+
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
@@ -46,10 +48,9 @@ class NonFiniteGuard(Callback):
         scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
         grad_norm = torch.zeros((), device=loss.device)
         if grads and not scaled:
-            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        if grads and not scaled:
-            # Computed here every step anyway; logged at the Trainer's logging interval for free.
-            pl_module.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
+            grad_norm = torch.nn.utils.get_total_norm(grads)  # fused (foreach) norms: one call, not one a tensor
+            if writes_step_metrics(trainer):  # computed every step anyway; logged at the logging interval
+                pl_module.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
         finite = torch.isfinite(loss).all() & torch.isfinite(grad_norm)
         # Gradients are already averaged across DDP ranks, but the loss is each rank's own:
         # all ranks must agree, or one stops while the others wait for it forever.

@@ -1,0 +1,35 @@
+"""Rich's progress bar, updated no more often than it is drawn."""
+
+import time
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class ThrottledProgressBar(RichProgressBar):
+    """``RichProgressBar`` that takes in a batch's progress and metrics at most ``refresh_rate``
+    times a second, the rate it redraws at anyway.
+
+    The stock bar reads the metrics (a ``.item()`` each) and updates its state after every
+    batch: about a millisecond, which on small steps is most of the framework's cost. The
+    last batch of an epoch is always taken in, so the bar ends full and with final values.
+    """
+
+    def __init__(self, refresh_rate: int = 2, leave: bool = False) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+        self._last_update = float("-inf")  # the first batch is always shown
+
+    def _due(self, batch_idx: int, total: float | int | None) -> bool:
+        now = time.monotonic()
+        if now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total:
+            return False
+        self._last_update = now
+        return True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
+        if self._due(batch_idx, self.total_train_batches):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
+        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
