@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +19,7 @@ def test_data_throughput_runs_end_to_end_and_reports_a_ratio():
     assert "one-off cache build" in result.stdout and "baseline ImageFolder" in result.stdout
 
 
+@pytest.mark.slow
 def test_overhead_benchmark_reports_per_step_overhead_and_the_ratio():
     command = [sys.executable, "benchmarks/overhead.py", "--repeats", "1", "--epochs", "1", "--settings", "digits"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -29,6 +32,7 @@ def test_overhead_benchmark_reports_per_step_overhead_and_the_ratio():
         assert figure in result.stdout
 
 
+@pytest.mark.slow
 def test_gpu_recipe_runs_end_to_end_on_the_cpu_with_smoke():
     environment = {**os.environ, "PYTHON": sys.executable}
     result = subprocess.run(["bash", "benchmarks/gpu_recipe.sh", "--smoke"], cwd=REPO, capture_output=True,

@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from template.nets import BasicBlock, ResNet, ResNet9, ResNet18, ResNet34, ResNetSmall
+from template.nets import (  # one name a line: a renamed project's longer package name stays within the limit
+    BasicBlock,
+    ResNet,
+    ResNet9,
+    ResNet18,
+    ResNet34,
+    ResNetSmall,
+)
 
 
 @pytest.mark.parametrize("preset", [ResNetSmall, ResNet9, ResNet18, ResNet34])
