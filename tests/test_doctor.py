@@ -13,7 +13,7 @@ from torch import nn
 
 from template import doctor
 from template.cli import main
-from template.data import DigitsDataModule
+from template.data import DigitsDataModule, ImageFolderDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
 
@@ -174,3 +174,18 @@ def test_lr_find_refuses_an_empty_range(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["lr-find", "--min_lr", "1", "--max_lr", "0.1"])
     assert exit_info.value.code == 2 and "need 0 < min_lr < max_lr" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "streamed"])
+def test_folder_data_is_checked_on_either_path_and_a_copied_test_file_is_caught(image_folder, tmp_path, cache):
+    def folder_data() -> ImageFolderDataModule:
+        return ImageFolderDataModule(
+            str(image_folder), image_size=16, batch_size=8, num_workers=0, cache=cache, cache_dir=str(tmp_path)
+        )
+
+    clean = checks(ResNetSmall(3, 3), folder_data())
+    assert failed(clean) == [], {name: c.detail for name, c in clean.items() if c.status == "fail"}
+    for copy in range(3):  # some land in train whatever the seeded train/val split does
+        shutil.copy(image_folder / "test" / "dog" / "003.jpg", image_folder / "train" / "dog" / f"copy{copy}.jpg")
+    found = checks(ResNetSmall(3, 3), folder_data())
+    assert "train/test overlap" in failed(found) and "test image(s) also in train" in found["train/test overlap"].detail
