@@ -371,10 +371,12 @@ def run_checks(
 
 def report(checks: list[Check], console: Console) -> None:
     table = Table(title=f"{PROGRAM} doctor")
-    for column in ("group", "check", "status", "what it saw", "fix"):
+    fixes = any(check.fix for check in checks)  # a fix column only when there is one to show
+    for column in ("check", "status", "what it saw", "fix")[: 4 if fixes else 3]:
         table.add_column(column, overflow="fold")
     for check in checks:
-        table.add_row(check.group, check.name, f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix)
+        row = [f"{check.group}: {check.name}", f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix]
+        table.add_row(*row[: 4 if fixes else 3])
     console.print(table)
 
 
