@@ -107,7 +107,8 @@ def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
 def check_splits(datamodule: ImageDataModule) -> list[Check]:
     """Labels in range, class balance, and images shared between train, val and test."""
     num_classes, checks = datamodule.num_classes, []
-    contents = {split: split_contents(datamodule.datasets[split]) for split in ("train", "val", "test")}
+    splits = [split for split in ("train", "val", "test") if split in datamodule.datasets]
+    contents = {split: split_contents(datamodule.datasets[split]) for split in splits}
     wrong = []
     for split, (_, labels) in contents.items():
         if labels.is_floating_point():
@@ -127,8 +128,8 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
     if missing["train"]:
         status, detail = "fail", f"classes {missing['train']} have no training image"
         fix = "add training images for them, or drop the classes"
-    elif missing["val"] or missing["test"]:
-        status, detail = "warn", f"classes missing from val {missing['val']} / test {missing['test']}"
+    elif any(missing.get(split) for split in ("val", "test")):
+        status, detail = "warn", f"classes missing from val {missing.get('val')} / test {missing.get('test')}"
         fix = "use a stratified split (as the built-in sources do) or more held-out images"
     elif train.max() > 10 * train.min():
         status, detail = "warn", f"train has {int(train.max())} images of one class and {int(train.min())} of another"
@@ -137,6 +138,8 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
         status, detail, fix = "pass", f"per class in train {int(train.min())}-{int(train.max())}", ""
     checks.append(Check("data", "class balance", status, f"{sizes} images; {detail}", fix))
     for first, second in (("train", "val"), ("train", "test"), ("val", "test")):
+        if first not in contents or second not in contents:
+            continue
         seen = {key: index for index, key in enumerate(contents[first][0])}
         shared = [(seen[key], index) for index, key in enumerate(contents[second][0]) if key in seen]
         name = f"{first}/{second} overlap"
@@ -351,8 +354,14 @@ def run_checks(
         batch_size = datamodule.device_batch_size(trainer.world_size)
     except ValueError as error:
         return [*checks, Check("data", "batch size", "fail", str(error), "change data.global_batch_size")], None
-    datamodule.setup("fit")
-    datamodule.setup("test")
+    for stage in ("fit", "test"):
+        try:
+            datamodule.setup(stage)
+        except (FileNotFoundError, ValueError) as error:  # a missing folder, unreadable files: the data's own words
+            status = "fail" if stage == "fit" else "warn"
+            checks.append(Check("data", f"{stage} splits", status, str(error), "see the message"))
+            if stage == "fit":
+                return checks, None
     checks += check_splits(datamodule)
     batch_checks, first = check_batches(datamodule)
     checks += batch_checks
