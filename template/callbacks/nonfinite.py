@@ -23,11 +23,24 @@ class NonFiniteGuard(Callback):
     Args:
         skip: skip such steps (their gradients are dropped) and count them in
             ``train/skipped_steps`` instead of stopping.
+        check_every_n_steps: look at the values (one device sync) only every this many steps,
+            and before every validation and checkpoint, for GPU runs whose small steps a sync
+            would stall. A non-finite step is then named when found, and no checkpoint is
+            written after it, but the steps up to the check have touched the weights in
+            memory. 1 (the default) stops before the step; ``skip`` needs 1.
     """
 
-    def __init__(self, skip: bool = False) -> None:
+    def __init__(self, skip: bool = False, check_every_n_steps: int = 1) -> None:
+        if check_every_n_steps < 1 or (skip and check_every_n_steps != 1):
+            raise ValueError(
+                f"check_every_n_steps={check_every_n_steps}: must be at least 1, and 1 with skip "
+                "(skipping a step needs its verdict before the step)"
+            )
         self.skip = skip
+        self.check_every_n_steps = check_every_n_steps
         self.skipped = 0
+        self._values: torch.Tensor | None = None  # (n, 2): loss and gradient norm of the unchecked steps
+        self._where: list[tuple[int, int, int]] = []  # their global step, epoch and batch index
         self._loss: torch.Tensor | None = None
         self._batch_idx = -1
         self._buffers: list[torch.Tensor] = []
@@ -51,6 +64,14 @@ class NonFiniteGuard(Callback):
             grad_norm = torch.nn.utils.get_total_norm(grads)  # fused (foreach) norms: one call, not one a tensor
             if writes_step_metrics(trainer):  # computed every step anyway; logged at the logging interval
                 pl_module.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
+        if self.check_every_n_steps > 1:  # record on the device now, look later: no sync here
+            if self._values is None or self._values.device != loss.device:
+                self._values = torch.empty(self.check_every_n_steps, 2, device=loss.device)
+            self._values[len(self._where)] = torch.stack([loss.float().mean(), grad_norm.float()])
+            self._where.append((trainer.global_step, trainer.current_epoch, self._batch_idx))
+            if len(self._where) == self.check_every_n_steps:
+                self.check_pending(trainer)
+            return
         finite = torch.isfinite(loss).all() & torch.isfinite(grad_norm)
         # Gradients are already averaged across DDP ranks, but the loss is each rank's own:
         # all ranks must agree, or one stops while the others wait for it forever.
@@ -73,3 +94,38 @@ class NonFiniteGuard(Callback):
             "weights, so the last checkpoint is good. Lower the learning rate, clip gradients, check the "
             "inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
         )
+
+    def check_pending(self, trainer: L.Trainer) -> None:
+        """Look at the steps recorded since the last look; stop naming the first non-finite one."""
+        if not self._where:
+            return
+        values, where = self._values[: len(self._where)], self._where
+        self._where = []
+        finite = torch.isfinite(values).all(dim=1)
+        if trainer.strategy.reduce_boolean_decision(bool(finite.all()), all=True):
+            return
+        bad = [index for index, ok in enumerate(finite.tolist()) if not ok]
+        if not bad:
+            raise NonFiniteError("non-finite loss or gradient norm on another rank; training stopped")
+        step, epoch, batch = where[bad[0]]
+        loss, grad_norm = values[bad[0]].tolist()
+        raise NonFiniteError(
+            f"non-finite loss or gradient norm at global step {step}, epoch {epoch}, batch index {batch} "
+            f"(loss={loss:.4g}, gradient norm={grad_norm:.4g}), found by the check every "
+            f"{self.check_every_n_steps} steps: the weights in memory are no longer finite, but no "
+            "checkpoint was written after that step, so the last checkpoint is good."
+        )
+
+    # Before anything reads or saves the weights: validation (checkpoints follow it), the
+    # epoch's end, a checkpoint written at any other time, and the end of training.
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check_pending(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check_pending(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.check_pending(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check_pending(trainer)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from template.callbacks import NonFiniteError
+from template.callbacks import NonFiniteError, NonFiniteGuard
 from template.checkpoints import load_checkpoint
 from template.data import DigitsDataModule
 
@@ -50,3 +50,20 @@ def test_skip_mode_skips_the_step_counts_it_and_training_goes_on(run_cli):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     assert [event.value for event in events.Scalars("train/skipped_steps")][-1] == 1.0
+
+
+def test_checking_every_n_steps_names_the_first_bad_step_and_writes_no_checkpoint_after_it(run_cli):
+    # Checks fall at steps 8, 16, the epoch's end (18), 26 and 34: step 30's NaN is found at 34.
+    with pytest.raises(NonFiniteError, match=r"global step 30, epoch 1, batch index 12 .*check every 8 steps"):
+        run_cli(
+            "fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3",
+            "--nonfinite.check_every_n_steps", "8",
+        )  # fmt: skip
+    checkpoint = load_checkpoint(next(run_cli.runs_dir.glob("digits/version_0/checkpoints/last.ckpt")))
+    assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 18
+    assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
+
+
+def test_check_every_n_steps_refuses_skip_mode():
+    with pytest.raises(ValueError, match="1 with skip"):
+        NonFiniteGuard(skip=True, check_every_n_steps=4)
