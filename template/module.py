@@ -160,7 +160,7 @@ class ClassificationModule(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self._train_acc_epoch = -1  # the epoch train/acc was last logged in
+        self._train_acc_logged = False  # in this epoch: train/acc is logged once an epoch
 
     def setup(self, stage: str) -> None:
         if self.channels_last:  # moving to the device later keeps the memory format
@@ -185,12 +185,15 @@ class ClassificationModule(L.LightningModule):
         self.train_acc.update(logits.detach(), labels)  # update only: no per-batch accuracy to compute
         if writes_step_metrics(self._trainer):
             self.log("train/loss", loss, batch_size=len(labels))
-        if self._train_acc_epoch != self.current_epoch:
+        if not self._train_acc_logged:
             # Logging the metric object once an epoch is enough: Lightning computes and resets it
             # at the epoch's end, and every batch has updated it.
             self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=len(labels))
-            self._train_acc_epoch = self.current_epoch
+            self._train_acc_logged = True
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._train_acc_logged = False
 
     def _evaluate_logits(self, images: torch.Tensor) -> torch.Tensor:
         logits = self(images)

@@ -1,10 +1,12 @@
 import math
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from template.data import DigitsDataModule
 from template.module import ClassificationModule, WarmupCosine, parameter_groups
 from template.nets import ResNetSmall
 
@@ -105,3 +107,14 @@ def test_flip_tta_averages_the_logits_of_each_image_and_its_mirror():
     assert not torch.allclose(expected, net(images))
     torch.testing.assert_close(module.validation_step((images, labels), 0), expected)
     torch.testing.assert_close(module.predict_step((images,), 0), expected.softmax(1))
+
+
+def test_train_acc_is_logged_every_epoch_of_every_fit_of_the_same_module():
+    module = ClassificationModule(ResNetSmall(10, 1), lr_scheduler=None)
+    for _ in range(2):  # e.g. Tuner.lr_find, then fit: both start at epoch 0
+        trainer = L.Trainer(
+            max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False, accelerator="cpu",
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(module, datamodule=DigitsDataModule())
+        assert "train/acc" in trainer.callback_metrics
