@@ -91,16 +91,18 @@ def check_environment(accelerator: str) -> list[Check]:
     return checks
 
 
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
     """A content hash of every image of a split (files hashed as stored), and its labels."""
     if isinstance(dataset, TensorImageDataset):
-        keys = [hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16).hexdigest() for image in dataset.images]
-        return keys, torch.as_tensor(dataset.labels)
+        return [digest(np.asarray(image).tobytes()) for image in dataset.images], torch.as_tensor(dataset.labels)
     if hasattr(dataset, "files") and hasattr(dataset, "labels"):  # streamed image files
-        keys = [hashlib.blake2b(Path(file).read_bytes(), digest_size=16).hexdigest() for file in dataset.files]
-        return keys, torch.as_tensor(dataset.labels)
+        return [digest(Path(file).read_bytes()) for file in dataset.files], torch.as_tensor(dataset.labels)
     items = [dataset[index] for index in range(len(dataset))]
-    keys = [hashlib.blake2b(np.asarray(image).tobytes(), digest_size=16).hexdigest() for image, _ in items]
+    keys = [digest(np.asarray(image).tobytes()) for image, _ in items]
     return keys, torch.as_tensor([int(label) for _, label in items])
 
 
@@ -269,11 +271,16 @@ def shape_table(net: nn.Module, images: torch.Tensor) -> Table:
     return table
 
 
+def trainable_copy(model: ClassificationModule, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A copy of the network on ``device``, in training mode, with the configured optimizer."""
+    net = copy.deepcopy(model.net).to(device).train()
+    return net, model.optimizer(parameter_groups(net))
+
+
 def check_learnability(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
                        steps: int = 200, target: float = 0.05) -> Check:  # fmt: skip
     """Can the configured network and optimizer memorise a few images? If not, nothing else matters."""
-    net = copy.deepcopy(model.net).to(images.device).train()
-    optimizer = model.optimizer(parameter_groups(net))
+    net, optimizer = trainable_copy(model, images.device)
     losses = []
     for _ in range(steps):
         loss = F.cross_entropy(net(images), labels)  # no label smoothing: it keeps the loss above 0
@@ -299,8 +306,7 @@ def tensor_bytes(tensors) -> int:
 def check_memory_and_speed(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
                            batch_size: int, device: torch.device, seconds: float = 1.0) -> list[Check]:  # fmt: skip
     """Memory of one training step at the configured batch, and images/s of a short timed loop."""
-    net = copy.deepcopy(model.net).to(device).train()
-    optimizer = model.optimizer(parameter_groups(net))
+    net, optimizer = trainable_copy(model, device)
     repeats = -(-batch_size // len(images))
     batch = images.repeat(repeats, 1, 1, 1)[:batch_size].to(device), labels.repeat(repeats)[:batch_size].to(device)
     activations = []
