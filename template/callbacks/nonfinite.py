@@ -1,5 +1,7 @@
 """Stops (or skips) a training step whose loss or gradient norm is NaN or infinite."""
 
+import math
+
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -10,6 +12,22 @@ from template.module import writes_step_metrics
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
+
+
+def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str) -> None:
+    """Raise NonFiniteError naming the step (global step, epoch, batch index, or None when only
+    another rank knows it), what was not finite there, and how far training got."""
+    if where is None:
+        what, place = "loss or gradient norm", "on another rank"
+    else:
+        bad = [name for name, value in (("loss", loss), ("gradient norm", grad_norm)) if not math.isfinite(value)]
+        what = ", ".join(bad) or "the value on another rank"
+        place = (f"at global step {where[0]}, epoch {where[1]}, batch index {where[2]} "
+                 f"(loss={loss:.4g}, gradient norm={grad_norm:.4g})")  # fmt: skip
+    raise NonFiniteError(
+        f"non-finite {what} {place}; {how}, so the last checkpoint is good. Lower the learning rate, clip "
+        "gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
+    )
 
 
 class NonFiniteGuard(Callback):
@@ -77,9 +95,6 @@ class NonFiniteGuard(Callback):
         # all ranks must agree, or one stops while the others wait for it forever.
         if trainer.strategy.reduce_boolean_decision(bool(finite), all=True):
             return
-        what = [name for name, value in (("loss", loss), ("gradient norm", grad_norm)) if not torch.isfinite(value)]
-        where = f"global step {trainer.global_step}, epoch {trainer.current_epoch}, batch index {self._batch_idx}"
-        values = f"loss={loss.item():.4g}, gradient norm={grad_norm.item():.4g}"
         if self.skip:
             self.skipped += 1
             optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are not updated
@@ -88,12 +103,9 @@ class NonFiniteGuard(Callback):
                     buffer.copy_(saved)
             pl_module.log("train/skipped_steps", float(self.skipped), on_step=False, on_epoch=True, reduce_fx="max")
             return
-        detail = ", ".join(what) if what else "the value on another rank"
-        raise NonFiniteError(
-            f"non-finite {detail} at {where} ({values}); training stopped before this step touched the "
-            "weights, so the last checkpoint is good. Lower the learning rate, clip gradients, check the "
-            "inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
-        )
+        where = (trainer.global_step, trainer.current_epoch, self._batch_idx)
+        how = "training stopped before this step touched the weights"
+        stop(where, loss.float().mean().item(), grad_norm.item(), how)
 
     def check_pending(self, trainer: L.Trainer) -> None:
         """Look at the steps recorded since the last look; stop naming the first non-finite one."""
@@ -104,17 +116,12 @@ class NonFiniteGuard(Callback):
         finite = torch.isfinite(values).all(dim=1)
         if trainer.strategy.reduce_boolean_decision(bool(finite.all()), all=True):
             return
+        how = (f"found by the check every {self.check_every_n_steps} steps: the weights in memory are no "
+               "longer finite, but no checkpoint was written after that step")  # fmt: skip
         bad = [index for index, ok in enumerate(finite.tolist()) if not ok]
-        if not bad:
-            raise NonFiniteError("non-finite loss or gradient norm on another rank; training stopped")
-        step, epoch, batch = where[bad[0]]
-        loss, grad_norm = values[bad[0]].tolist()
-        raise NonFiniteError(
-            f"non-finite loss or gradient norm at global step {step}, epoch {epoch}, batch index {batch} "
-            f"(loss={loss:.4g}, gradient norm={grad_norm:.4g}), found by the check every "
-            f"{self.check_every_n_steps} steps: the weights in memory are no longer finite, but no "
-            "checkpoint was written after that step, so the last checkpoint is good."
-        )
+        if not bad:  # the non-finite step was on another rank
+            stop(None, 0.0, 0.0, how)
+        stop(where[bad[0]], *values[bad[0]].tolist(), how)
 
     # Before anything reads or saves the weights: validation (checkpoints follow it), the
     # epoch's end, a checkpoint written at any other time, and the end of training.
