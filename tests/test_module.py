@@ -1,13 +1,23 @@
+import copy
 import math
+from functools import partial
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 
+from template.callbacks import NonFiniteGuard
 from template.data import DigitsDataModule
-from template.module import ClassificationModule, WarmupCosine, parameter_groups
+from template.module import (
+    ClassificationModule,
+    RunningAccuracy,
+    WarmupCosine,
+    parameter_groups,
+)
 from template.nets import ResNetSmall
 
 
@@ -17,8 +27,6 @@ def make_module(**kwargs) -> ClassificationModule:
 
 
 def test_no_weight_decay_on_norm_weights_and_biases():
-    from functools import partial
-
     module = make_module(optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05), lr_scheduler=None)
     optimizer = module.configure_optimizers()["optimizer"]
     decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
@@ -118,3 +126,73 @@ def test_train_acc_is_logged_every_epoch_of_every_fit_of_the_same_module():
         )  # fmt: skip
         trainer.fit(module, datamodule=DigitsDataModule())
         assert "train/acc" in trainer.callback_metrics
+
+
+def test_running_accuracy_agrees_with_torchmetrics_over_several_batches():
+    torch.manual_seed(0)
+    running, reference = RunningAccuracy(), MulticlassAccuracy(10, average="micro")
+    for _ in range(3):
+        logits, labels = torch.randn(32, 10), torch.randint(0, 10, (32,))
+        running.update(logits, labels)
+        reference.update(logits, labels)
+    torch.testing.assert_close(running.compute(), reference.compute())
+    running.reset()
+    running.update(torch.eye(4), torch.tensor([0, 1, 2, 0]))  # reset: only this batch counts
+    assert running.compute().item() == 0.75
+
+
+class FirstBatch(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch = batch
+
+
+def test_clipping_reuses_the_norm_the_nan_guard_computed_and_clips_exactly_as_torch_does(monkeypatch):
+    L.seed_everything(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    before = copy.deepcopy(net)
+    norms, clips = [], []
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", counted(torch.nn.utils.get_total_norm, norms))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", counted(torch.nn.utils.clip_grad_norm_, clips))
+    module = ClassificationModule(net, optimizer=partial(torch.optim.SGD, lr=1.0), lr_scheduler=None)
+    first = FirstBatch()
+    trainer = L.Trainer(
+        max_steps=1, gradient_clip_val=0.01, callbacks=[NonFiniteGuard(), first], limit_val_batches=0, logger=False,
+        accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=DigitsDataModule(crop_padding=0))
+    assert len(norms) == 1 and not clips  # one norm for the guard and the clipping; Lightning's clip not called
+
+    images, labels = first.batch
+    F.cross_entropy(before(images), labels).backward()
+    total = torch.nn.utils.clip_grad_norm_(before.parameters(), 0.01)
+    assert total > 0.01  # the clip bites
+    with torch.no_grad():
+        for parameter in before.parameters():
+            parameter -= parameter.grad  # SGD, lr 1
+    for ours, reference in zip(net.parameters(), before.parameters()):
+        torch.testing.assert_close(ours, reference)
+
+
+def counted(function, calls: list):
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("accumulate, expected", [(1, [4, 9, 14]), (2, [1, 3, 5, 7])])
+def test_step_metrics_land_once_at_each_step_lightning_logs_at(run_cli, accumulate, expected):
+    # 18 batches an epoch: 18 optimizer steps, or 9 when two batches are accumulated into each.
+    run = run_cli(
+        "fit", "--trainer.max_epochs", "1", "--trainer.log_every_n_steps", str(5 if accumulate == 1 else 2),
+        "--trainer.accumulate_grad_batches", str(accumulate),
+    )  # fmt: skip
+    events = EventAccumulator(run.trainer.log_dir)
+    events.Reload()
+    steps = {
+        tag: [event.step for event in events.Scalars(tag)] for tag in ("train/loss", "train/grad_norm", "lr/decay")
+    }
+    assert steps["train/loss"] == steps["train/grad_norm"] == expected
+    assert sorted(set(steps["lr/decay"])) == expected  # (LearningRateMonitor writes each micro-batch's)
+    assert "train/loss" not in run.trainer.callback_metrics  # written straight to the logger

@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.optim import Optimizer
 
-from template.module import writes_step_metrics
+from template.module import log_step_metrics
 
 
 class NonFiniteError(RuntimeError):
@@ -28,6 +28,15 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
         f"non-finite {what} {place}; {how}, so the last checkpoint is good. Lower the learning rate, clip "
         "gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
     )
+
+
+def gradient_norm(pl_module: L.LightningModule, optimizer: Optimizer) -> torch.Tensor:
+    """The total gradient norm of this step: the module's own, shared with its clipping, where it
+    has one (``ClassificationModule.gradient_norm``); else computed here, fused (foreach)."""
+    if callable(shared := getattr(pl_module, "gradient_norm", None)):
+        return shared(optimizer)
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=pl_module.device)
 
 
 class NonFiniteGuard(Callback):
@@ -74,14 +83,11 @@ class NonFiniteGuard(Callback):
         self._loss = loss.detach()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         loss = self._loss if self._loss is not None else torch.zeros((), device=pl_module.device)
-        scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
         grad_norm = torch.zeros((), device=loss.device)
-        if grads and not scaled:
-            grad_norm = torch.nn.utils.get_total_norm(grads)  # fused (foreach) norms: one call, not one a tensor
-            if writes_step_metrics(trainer):  # computed every step anyway; logged at the logging interval
-                pl_module.log("train/grad_norm", grad_norm, on_step=True, on_epoch=False)
+        if getattr(trainer.precision_plugin, "scaler", None) is None:
+            grad_norm = gradient_norm(pl_module, optimizer)
+            log_step_metrics(trainer, {"train/grad_norm": grad_norm})  # at the logging interval
         if self.check_every_n_steps > 1:  # record on the device now, look later: no sync here
             if self._values is None or self._values.device != loss.device:
                 self._values = torch.empty(self.check_every_n_steps, 2, device=loss.device)
@@ -90,10 +96,11 @@ class NonFiniteGuard(Callback):
             if len(self._where) == self.check_every_n_steps:
                 self.check_pending(trainer)
             return
-        finite = torch.isfinite(loss).all() & torch.isfinite(grad_norm)
+        # Scalars read back: no kernel launched to compare them; on a GPU the first syncs, the second is free.
+        finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
         # Gradients are already averaged across DDP ranks, but the loss is each rank's own:
         # all ranks must agree, or one stops while the others wait for it forever.
-        if trainer.strategy.reduce_boolean_decision(bool(finite), all=True):
+        if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
         if self.skip:
             self.skipped += 1
