@@ -7,6 +7,7 @@ so a misspelt key or a wrongly typed value fails before any training starts.
 
 import importlib
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -23,7 +24,6 @@ from rich.console import Console
 from template.callbacks import (
     NonFiniteGuard,
     PredictionWriter,
-    Preemption,
     ResumeState,
     RunRecord,
     TrainingMonitor,
@@ -49,6 +49,7 @@ TRAINER_DEFAULTS = {
     "max_epochs": 30,
     "log_every_n_steps": 10,
     "deterministic": False,
+    "profiler": {"class_path": "template.profiler.NoProfiler"},
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": DEFAULT_RUNS_DIR, "name": "digits", "default_hp_metric": False},
@@ -174,6 +175,15 @@ class ClassificationCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if self.subcommand != "predict":
+            # It writes predictions and nothing else; elsewhere it would only add calls to every step.
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
+        if torch.cuda.device_count() == 0:
+            # Lightning sets this on import, so that looking for CUDA never initialises it in a
+            # process that forks later. With no CUDA device there is nothing to initialise, and
+            # with a CUDA build of torch the variable makes every Adam(W) step probe for the
+            # NVIDIA library again (torch.optim asks whether an accelerator is available): ~40 µs.
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
         return trainer
 
     def after_fit(self) -> None:
@@ -236,13 +246,15 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
-            # Always on, whatever `trainer.callbacks` says: the run record (env.json), the random
-            # state for exact resume, and the checkpoint on pre-emption. Fresh for every run.
-            trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [RunRecord(), ResumeState(), Preemption()]},
+            # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
+            # the checkpoint on pre-emption. Fresh for every run.
+            trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [ResumeState()]},
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
             parser_kwargs={"prog": f"{PROGRAM} {command}" if command else PROGRAM, "description": description},
-            # A resumed run writes its config.yaml again, into the run directory it continues.
+            # config.yaml and env.json in every run directory. A resumed run writes its
+            # config.yaml again, into the run directory it continues.
+            save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
             args=args,
             run=run,
@@ -256,7 +268,7 @@ def main(args: list[str] | None = None) -> None:
         return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
     try:
         cli(args)
-    except SIGTERMException:  # the Preemption callback has saved a checkpoint and said where
+    except SIGTERMException:  # ResumeState has saved a checkpoint and said where
         raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended
     # Lightning leaves the process group up. A gloo group still alive at interpreter exit can
     # abort the process ("terminate called without an active exception"), and torchrun then

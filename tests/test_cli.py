@@ -1,4 +1,5 @@
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,15 +8,18 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from template.callbacks import PredictionWriter
 from template.cli import cli
 from template.nets import ResNet18
+from template.profiler import NoProfiler
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_fit_validate_test_predict_round_trip(run_cli, capsys):
-    run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "8")
+    fitted = run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "8")
+    assert not any(isinstance(callback, PredictionWriter) for callback in fitted.trainer.callbacks)  # predict only
     run_dir = run_cli.runs_dir / "digits" / "version_0"
     summary = capsys.readouterr().out
     best = next((run_dir / "checkpoints").glob("best-epoch*.ckpt"))
@@ -39,7 +43,8 @@ def test_fit_validate_test_predict_round_trip(run_cli, capsys):
         assert metric in evaluated.trainer.callback_metrics
         assert f"--ckpt_path best -> {best}" in capsys.readouterr().out
 
-    run_cli("predict", "--ckpt_path", str(best))
+    predicted = run_cli("predict", "--ckpt_path", str(best))
+    assert any(isinstance(callback, PredictionWriter) for callback in predicted.trainer.callbacks)
     predictions = next(run_cli.runs_dir.glob("digits/version_*/predictions.csv"))
     rows = list(csv.DictReader(predictions.open()))
     assert len(rows) == 360  # the test split of 1,797 digits
@@ -62,6 +67,25 @@ def test_ckpt_path_alias_without_runs_is_a_clear_error(run_cli, capsys):
         run_cli("test", "--ckpt_path", "best")
     assert exit_info.value.code != 0
     assert "no run with checkpoints/last.ckpt under" in capsys.readouterr().err
+
+
+def test_the_default_profiler_is_the_cheap_no_op_and_real_profilers_still_plug_in(tmp_path):
+    runs = ["--trainer.logger.init_args.save_dir", str(tmp_path)]
+    default = cli(runs, run=False).trainer.profiler
+    assert isinstance(default, NoProfiler)
+    with default.profile("an action") as inside, default.profile("another"):  # re-entrant, shared
+        assert inside is None
+    simple = cli([*runs, "--trainer.profiler", "simple"], run=False).trainer.profiler
+    assert type(simple).__name__ == "SimpleProfiler"
+
+
+@pytest.mark.parametrize("gpus, kept", [(0, False), (1, True)])
+def test_the_nvml_cuda_check_lightning_sets_is_dropped_only_where_there_is_no_gpu(tmp_path, monkeypatch, gpus, kept):
+    # Lightning sets it on import; with it and no GPU, every AdamW step probes for the NVIDIA library.
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    cli(["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.accelerator", "cpu"], run=False)
+    assert ("PYTORCH_NVML_BASED_CUDA_CHECK" in os.environ) is kept
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,13 @@ from template.callbacks.monitor import TrainingMonitor
 from template.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from template.callbacks.predictions import PredictionWriter
 from template.callbacks.progress import ThrottledProgressBar
-from template.callbacks.resume import Preemption, ResumeState
+from template.callbacks.resume import ResumeState
 from template.callbacks.run_record import RunRecord
 
 __all__ = [
     "NonFiniteError",
     "NonFiniteGuard",
     "PredictionWriter",
-    "Preemption",
     "ResumeState",
     "RunRecord",
     "ThrottledProgressBar",

@@ -1,6 +1,7 @@
 """Rich's progress bar, updated no more often than it is drawn."""
 
 import time
+from collections.abc import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
@@ -19,17 +20,17 @@ class ThrottledProgressBar(RichProgressBar):
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         self._last_update = float("-inf")  # the first batch is always shown
 
-    def _due(self, batch_idx: int, total: float | int | None) -> bool:
+    def _due(self, batch_idx: int, total: Callable[[], float | int | None]) -> bool:
         now = time.monotonic()
-        if now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total:
+        if now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total():
             return False
         self._last_update = now
         return True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
-        if self._due(batch_idx, self.total_train_batches):
+        if self._due(batch_idx, lambda: self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
-        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+        if self._due(batch_idx, lambda: self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)

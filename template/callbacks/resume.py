@@ -38,17 +38,24 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 class ResumeState(Callback):
-    """Saves the random-number state with every checkpoint and restores it when training resumes.
+    """Exact resume: the random-number state in every checkpoint, and a checkpoint on SIGTERM.
 
-    The shuffling order does not need it (the sampler derives it from seed and epoch, and
-    the DataLoaders draw from generators of their own), but augmentation and dropout draw
-    from these global generators: without them a resumed run would diverge from an
+    Random state. The shuffling order does not need it (the sampler derives it from seed and
+    epoch, and the DataLoaders draw from generators of their own), but augmentation and
+    dropout draw from the global generators: without them a resumed run would diverge from an
     uninterrupted one. Nothing draws from them between the checkpoint and the next batch
-    (Lightning isolates the sanity check), so ``on_train_start`` restores the exact state
-    for a checkpoint taken at an epoch's end and for one taken mid-epoch alike.
+    (Lightning isolates the sanity check), so ``on_train_start`` restores the exact state for
+    a checkpoint taken at an epoch's end and for one taken mid-epoch alike.
+
+    Pre-emption. On SIGTERM, Lightning raises a ``SIGTERMException`` after the running optimizer
+    step, on every rank; this writes ``preempted_filename`` next to the other checkpoints first,
+    and the CLI exits with status 143 and says how to resume. Under SLURM, Lightning's own
+    SIGUSR1 handler saves and requeues (see scripts/slurm.sbatch).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
+        self.preempted_filename = preempted_filename
+        self.preempted: Path | None = None  # where the checkpoint on SIGTERM went
         self._pending: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -62,28 +69,15 @@ class ResumeState(Callback):
             restore_rng_states(self._pending)
             self._pending = None
 
-
-class Preemption(Callback):
-    """On SIGTERM the Trainer finishes the current step and stops; this writes a checkpoint first.
-
-    Lightning turns SIGTERM into a ``SIGTERMException`` after the running optimizer step,
-    on every rank; the CLI then exits with status 143 and says how to resume. Under SLURM,
-    Lightning's own SIGUSR1 handler saves and requeues (see scripts/slurm.sbatch).
-    """
-
-    def __init__(self, filename: str = "preempted.ckpt") -> None:
-        self.filename = filename
-        self.saved: Path | None = None
-
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
             return
         directory = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
-        self.saved = Path(directory) / self.filename
-        trainer.save_checkpoint(self.saved)
+        self.preempted = Path(directory) / self.preempted_filename
+        trainer.save_checkpoint(self.preempted)
         if trainer.is_global_zero:
             print(
-                f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {self.saved}. "
-                f"Resume with the same options and --ckpt_path {self.saved}",
+                f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {self.preempted}. "
+                f"Resume with the same options and --ckpt_path {self.preempted}",
                 file=sys.stderr,
             )
