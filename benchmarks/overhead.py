@@ -1,7 +1,7 @@
 """What `template fit` costs over the plain PyTorch loop a careful user writes by hand.
 
-    python benchmarks/overhead.py                 # both settings, 3 alternating repeats (~6 min, 2 cores)
-    python benchmarks/overhead.py --repeats 1 --epochs 2 --settings digits   # a quick look
+    python benchmarks/overhead.py                 # every setting (~8 min, 2 cores)
+    python benchmarks/overhead.py --repeats 1 --epochs 2 --settings linear   # a quick look
 
 Both train the same network on the same in-memory data for the same optimizer steps:
 (a) the plain loop: zero_grad, forward, loss, backward, clip, step, scheduler step, with the
@@ -10,39 +10,56 @@ Both train the same network on the same in-memory data for the same optimizer st
     checkpoints, LR monitor, NaN guard, training monitor with confusion matrix and
     misclassified grid, metrics.csv, run record), run in-process through the CLI, plus
     `gradient_clip_val 1.0` so that both clip.
-Each is timed at three run lengths, E and 2E full epochs and E epochs of a quarter of the
-steps (limit_train_batches), so, with n the steps of an epoch:
-    per step  = (T(E, n) - T(E, n/4)) / (E 3n/4)
-    per epoch = (T(2E, n) - T(E, n)) / E          (the whole epoch: steps, validation, saving)
-    start-up  = T(E, n) - E * per epoch
-The ratio (b)/(a) is of the time per epoch: what a long run costs, start-up aside.
-Differences of whole-run wall times are blurred by a shared machine's noise (a few percent
-from run to run), so both figures are also measured directly: the median interval between
-the starts of successive steps, and of successive epochs (training, validation and saving
-of one epoch), over every run. Those medians are the steadier figures.
-Settings: `digits` (the default run: 8x8 images, batch 64, tiny steps where overhead shows)
-and `batch128` (the small network on 32x32 RGB images, batch 128, 16 steps an epoch).
+A step's cost is the mean interval between the starts of successive steps of an epoch, the
+steps that write metrics included. Two ways of measuring:
+1. Paired epochs. One run of (b) in which, after every training epoch and its validation, a
+   callback runs one epoch of (a) in the same process. The per-step overhead is the median,
+   over the pairs, of (b)'s mean step interval minus that of the (a) epoch right after it.
+   On a shared VM the machine's speed drifts by several percent within seconds; epochs a
+   fraction of a second apart share it. This is the steady figure.
+2. Run lengths. Separate runs, (a) and (b) alternating, at three lengths: E and 2E full epochs
+   and E epochs of a quarter of the steps (limit_train_batches), so, with n the steps of an epoch:
+       per step  = (T(E, n) - T(E, n/4)) / (E 3n/4)
+       per epoch = (T(2E, n) - T(E, n)) / E          (the whole epoch: steps, validation, saving)
+       start-up  = T(E, n) - E * per epoch
+   These separate the fixed costs, but whole-run wall times carry the drift, so the median
+   interval between successive epochs of the same runs is also given. The ratio (b)/(a) is of
+   the time per epoch: what a long run costs, start-up aside.
+Settings: `linear` (the digits pipeline with a linear classifier: next to no compute, so what
+is left of a step is the framework's and the data's cost, and shows without the network's
+noise), `digits` (the default run: ResNetSmall on 8x8 images, batch 64, small steps) and
+`batch128` (ResNetSmall on 32x32 RGB images, batch 128, 16 steps an epoch).
 """
 
 import argparse
 import contextlib
 import io
+import logging
+import os
 import platform
 import statistics
 import tempfile
 import time
+import warnings
+from functools import partial
 
 import lightning
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader
 
 from template.cli import cli
 from template.data import DigitsDataModule
 from template.data.augment import normalize, random_crop, random_hflip
 from template.data.base import ImageDataModule, Split, keep_batch
-from template.module import WarmupCosine, parameter_groups
+from template.module import ClassificationModule, WarmupCosine, parameter_groups
 from template.nets import ResNetSmall
+
+# Importing Lightning set this; a hand-written script never imports it. (With it, and a CUDA
+# build of torch on a machine without a GPU, every AdamW step probes for the NVIDIA library:
+# `template fit` drops it on such machines too.)
+os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
 
 
 class SyntheticDataModule(ImageDataModule):
@@ -60,6 +77,17 @@ class SyntheticDataModule(ImageDataModule):
         return images, torch.randint(0, 10, (self.sizes[split],), generator=generator)
 
 
+class Linear(nn.Module):
+    """A linear classifier: a step's compute is next to nothing."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, pixels: int = 64) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_channels * pixels, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(images.flatten(1))
+
+
 CLOCK: dict[str, list] = {"steps": [], "epochs": []}  # step start times per epoch; epoch start times
 
 
@@ -74,46 +102,57 @@ class Clock(lightning.Callback):
         CLOCK["steps"][-1].append(time.perf_counter())
 
 
-def run_once(run, *args) -> tuple[float, list[float], list[float]]:
-    """Wall time of a whole run, then its step-to-step and epoch-to-epoch intervals (s)."""
+def step_interval(starts: list[float]) -> float:
+    """Mean time from the start of one step of an epoch to the start of the next (s)."""
+    return (starts[-1] - starts[0]) / (len(starts) - 1)
+
+
+def run_once(run, *args) -> tuple[float, float, list[float]]:
+    """Wall time of a whole run, its mean step interval and its epoch-to-epoch intervals (s)."""
     CLOCK["steps"].clear()
     CLOCK["epochs"].clear()
     start = time.perf_counter()
     run(*args)
     total = time.perf_counter() - start
-    steps = [b - a for epoch in CLOCK["steps"] for a, b in zip(epoch, epoch[1:])]
+    steps = statistics.fmean(step_interval(epoch) for epoch in CLOCK["steps"])
     epochs = [b - a for a, b in zip(CLOCK["epochs"], CLOCK["epochs"][1:])]
     return total, steps, epochs
 
 
 SETTINGS = {
-    "digits": {"data": DigitsDataModule, "args": [], "epochs": 6},
+    "linear": {"data": DigitsDataModule, "net": Linear, "args": ["--model.net", f"{__name__}.Linear"], "epochs": 6},
+    "digits": {"data": DigitsDataModule, "net": ResNetSmall, "args": [], "epochs": 6},
     # The batch size is given: jsonargparse carries init args over from the default data class.
     "batch128": {
         "data": SyntheticDataModule,
+        "net": ResNetSmall,
         "args": ["--data", f"{__name__}.SyntheticDataModule", "--data.batch_size", "128"],
         "epochs": 2,
     },
 }
 
 
-def plain_loop(setting: str, epochs: int, steps: int) -> None:
+class PlainLoop:
     """(a): what a careful user writes by hand, with the template's recipe (optimizer, schedule, loss)."""
-    torch.manual_seed(42)
-    data = SETTINGS[setting]["data"]()
-    data.setup("fit")
-    train, val = data.datasets["train"], data.datasets["val"]
-    net = ResNetSmall(data.num_classes, data.in_channels)
-    optimizer = torch.optim.AdamW(parameter_groups(net), lr=0.003, weight_decay=0.05)
-    scheduler = WarmupCosine(optimizer, epochs * steps, warmup_fraction=0.05)
-    loader = DataLoader(train, data.batch_size, shuffle=True, drop_last=True, collate_fn=keep_batch)
-    val_loader = DataLoader(val, data.batch_size, collate_fn=keep_batch)
-    for _ in range(epochs):
-        CLOCK["epochs"].append(time.perf_counter())
-        CLOCK["steps"].append([])
+
+    def __init__(self, setting: str, total_steps: int) -> None:
+        torch.manual_seed(42)
+        self.data = data = SETTINGS[setting]["data"]()
+        data.setup("fit")
+        self.net = SETTINGS[setting]["net"](data.num_classes, data.in_channels)
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.net), lr=0.003, weight_decay=0.05)
+        self.scheduler = WarmupCosine(self.optimizer, total_steps, warmup_fraction=0.05)
+        self.loader = DataLoader(data.datasets["train"], data.batch_size, shuffle=True, drop_last=True,
+                                 collate_fn=keep_batch)  # fmt: skip
+        self.val_loader = DataLoader(data.datasets["val"], data.batch_size, collate_fn=keep_batch)
+
+    def epoch(self, steps: int) -> list[float]:
+        """Train ``steps`` steps, then evaluate; returns when each step started."""
+        data, net, optimizer = self.data, self.net, self.optimizer
+        starts = []
         net.train()
-        for _, (images, labels) in zip(range(steps), loader):
-            CLOCK["steps"][-1].append(time.perf_counter())
+        for _, (images, labels) in zip(range(steps), self.loader):
+            starts.append(time.perf_counter())
             images = random_crop(images, data.crop_padding) if data.crop_padding else images
             images = random_hflip(images) if data.hflip else images
             images = normalize(images.float().div_(255), data.mean, data.std)
@@ -122,18 +161,26 @@ def plain_loop(setting: str, epochs: int, steps: int) -> None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             optimizer.step()
-            scheduler.step()
+            self.scheduler.step()
         net.eval()
         correct = 0
         with torch.no_grad():
-            for images, labels in val_loader:
+            for images, labels in self.val_loader:
                 images = normalize(images.float().div_(255), data.mean, data.std)
                 correct += (net(images).argmax(1) == labels).sum()
         int(correct)  # the epoch's accuracy, as a user prints it
+        return starts
 
 
-def template_fit(setting: str, epochs: int, steps: int) -> None:
-    """(b): `template fit`, as it ships, in this process."""
+def plain_loop(setting: str, epochs: int, steps: int) -> None:
+    loop = PlainLoop(setting, epochs * steps)
+    for _ in range(epochs):
+        CLOCK["epochs"].append(time.perf_counter())
+        CLOCK["steps"].append(loop.epoch(steps))
+
+
+def template_fit(setting: str, epochs: int, steps: int, clock: type = Clock) -> None:
+    """(b): `template fit`, as it ships, in this process, plus the callback that times it."""
     with tempfile.TemporaryDirectory() as runs, contextlib.redirect_stdout(io.StringIO()):
         cli(
             [
@@ -145,11 +192,50 @@ def template_fit(setting: str, epochs: int, steps: int) -> None:
                 str(steps),
                 "--trainer.gradient_clip_val",
                 "1.0",
-                f"--trainer.callbacks+={__name__}.Clock",
+                f"--trainer.callbacks+={__name__}.{clock.__name__}",
                 "--trainer.logger.init_args.save_dir",
                 runs,
             ]  # fmt: skip
         )
+
+
+def bare_fit(setting: str, epochs: int, steps: int, clock: type = Clock) -> None:
+    """Bare Lightning, for scale: a Trainer with the same module, data and clipping, and no
+    logger, checkpoints, progress bar, model summary or callbacks of the template's."""
+    data = SETTINGS[setting]["data"]()
+    module = ClassificationModule(
+        SETTINGS[setting]["net"](data.num_classes, data.in_channels),
+        num_classes=data.num_classes,
+        optimizer=partial(torch.optim.AdamW, lr=0.003, weight_decay=0.05),
+        lr_scheduler=partial(WarmupCosine, warmup_fraction=0.05),
+        label_smoothing=0.1,
+    )
+    trainer = lightning.Trainer(
+        max_epochs=epochs, limit_train_batches=steps, gradient_clip_val=1.0, callbacks=[clock()],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(module, datamodule=data)
+
+
+PAIRED: dict = {"loop": None, "steps": 0, "plain": []}  # the (a) loop run between (b)'s epochs, and its steps
+
+
+class PairedEpochs(Clock):
+    """Times (b), and runs one epoch of (a) after each of its training epochs (and validation).
+    One callback, not two: each costs (b) a little at every hook of every step."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        PAIRED["plain"].append(PAIRED["loop"].epoch(PAIRED["steps"]))
+
+
+def paired_epochs(setting: str, epochs: int, steps: int, fit=template_fit) -> list[float]:
+    """Per pair, (b)'s mean step interval minus that of the (a) epoch right after it (s)."""
+    PAIRED.update(loop=PlainLoop(setting, epochs * steps), steps=steps, plain=[])
+    CLOCK["steps"].clear()
+    fit(setting, epochs, steps, clock=PairedEpochs)
+    pairs = list(zip(CLOCK["steps"], PAIRED["plain"]))[1:]  # the first epoch warms both up
+    return [step_interval(b) - step_interval(a) for b, a in pairs]
 
 
 def decompose(totals: dict[str, float], epochs: int, steps: int, short: int) -> dict[str, float]:
@@ -164,22 +250,22 @@ def decompose(totals: dict[str, float], epochs: int, steps: int, short: int) -> 
     }
 
 
-def measure(setting: str, epochs: int, repeats: int) -> dict:
+def measure(setting: str, epochs: int, repeats: int, pairs: int) -> dict:
     data = SETTINGS[setting]["data"]()
     data.setup("fit")
     steps = len(data.datasets["train"]) // data.batch_size
     short = max(2, steps // 4)
     lengths = {"E,n": (epochs, steps), "E,short": (epochs, short), "2E,n": (2 * epochs, steps)}
     times = {(loop, length): [] for loop in "ab" for length in lengths}
-    gaps = {(loop, kind): [] for loop in "ab" for kind in ("step", "epoch")}  # per run: median interval
+    gaps = {(loop, kind): [] for loop in "ab" for kind in ("step", "epoch")}  # per run
     plain_loop(setting, 1, 2)  # warm-up: allocator, kernels, imports
     template_fit(setting, 1, 2)
     for _ in range(repeats):  # (a) and (b) back to back, so drifts in machine speed hit both alike
         for length, (e, n) in lengths.items():
             for loop, run in (("a", plain_loop), ("b", template_fit)):
-                total, step_gaps, epoch_gaps = run_once(run, setting, e, n)
+                total, step_gap, epoch_gaps = run_once(run, setting, e, n)
                 times[loop, length].append(total)
-                gaps[loop, "step"].append(statistics.median(step_gaps))
+                gaps[loop, "step"].append(step_gap)
                 if n == steps and epoch_gaps:  # whole epochs only
                     gaps[loop, "epoch"].append(statistics.median(epoch_gaps))
     result = {"steps": steps, "epochs": epochs, "short": short}
@@ -191,32 +277,46 @@ def measure(setting: str, epochs: int, repeats: int) -> dict:
     paired = {k: statistics.median(b - a for a, b in zip(times["a", k], times["b", k])) for k in lengths}
     result["overhead"] = decompose(paired, epochs, steps, short)
     for kind, key, scale in (("step", "step_interval_ms", 1000), ("epoch", "epoch_interval_s", 1)):
-        pairs = zip(gaps["a", kind], gaps["b", kind])
-        result["overhead"][key] = scale * statistics.median(b - a for a, b in pairs)
+        result["overhead"][key] = scale * statistics.median(b - a for a, b in zip(gaps["a", kind], gaps["b", kind]))
+    for name, fit in (("paired", template_fit), ("bare", bare_fit)):
+        differences = [1000 * d for d in paired_epochs(setting, pairs + 1, steps, fit)]
+        low, _, high = statistics.quantiles(differences, n=4) if len(differences) > 1 else differences * 3
+        result[name] = {"median_ms": statistics.median(differences), "low_ms": low, "high_ms": high, "pairs": pairs}
     return result
 
 
 def main() -> None:
+    for name in ("lightning.pytorch", "lightning.fabric"):  # the figures only: no per-run banners
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")  # upstream deprecations, once a run
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--epochs", type=int, help="E, the shorter runs' epochs (default: 6 digits, 2 batch128)")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats; medians are reported")
+    parser.add_argument("--epochs", type=int, help="E, the separate runs' epochs (default: 6; batch128 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats of the separate runs")
+    parser.add_argument("--pairs", type=int, help="paired epochs (default: 40; batch128 6)")
     options = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")  # fmt: skip
     for setting in options.settings:
-        result = measure(setting, options.epochs or SETTINGS[setting]["epochs"], options.repeats)
-        a, b, overhead = result["a"], result["b"], result["overhead"]
-        print(f"\n{setting}: {result['steps']} steps an epoch (short runs {result['short']}), E={result['epochs']}, "
-              f"medians of {options.repeats}; overhead from paired (a), (b) runs")  # fmt: skip
+        epochs = options.epochs or SETTINGS[setting]["epochs"]
+        pairs = options.pairs or (6 if setting == "batch128" else 40)
+        result = measure(setting, epochs, options.repeats, pairs)
+        a, b, overhead, paired, bare = (result[key] for key in ("a", "b", "overhead", "paired", "bare"))
+        print(f"\n{setting}: {result['steps']} steps an epoch; separate runs (short ones {result['short']} steps an "
+              f"epoch), E={epochs}, medians of {options.repeats}, overhead from (a), (b) back to back")  # fmt: skip
         print(f"{'':24}{'(a) plain loop':>16}{'(b) template fit':>18}{'overhead':>12}")
         rows = [("per_step_ms", "ms"), ("epoch_fixed_ms", "ms"), ("per_epoch_s", "s"), ("startup_s", "s"),
                 ("step_interval_ms", "ms"), ("epoch_interval_s", "s")]  # fmt: skip
         for key, unit in rows:
             print(f"{key:24}{a[key]:>14.3f}{unit:>2}{b[key]:>16.3f}{unit:>2}{overhead[key]:>10.3f}{unit:>2}")
         print(
-            f"{setting} per-step overhead: {overhead['per_step_ms']:.3f} ms from two run lengths, "
-            f"{overhead['step_interval_ms']:.3f} ms from median step intervals"
+            f"{setting} per-step overhead: {paired['median_ms']:.3f} ms from {paired['pairs']} paired epochs "
+            f"(quartiles {paired['low_ms']:.3f} to {paired['high_ms']:.3f}); {overhead['per_step_ms']:.3f} ms from "
+            f"two run lengths, {overhead['step_interval_ms']:.3f} ms from their step intervals"
+        )
+        print(
+            f"{setting} bare Lightning, for scale: {bare['median_ms']:.3f} ms a step over the plain loop "
+            f"(quartiles {bare['low_ms']:.3f} to {bare['high_ms']:.3f}), paired the same way"
         )
         print(
             f"{setting} ratio (b)/(a) per epoch: {1 + overhead['epoch_interval_s'] / a['epoch_interval_s']:.3f} from median "

@@ -21,13 +21,18 @@ def test_data_throughput_runs_end_to_end_and_reports_a_ratio():
 
 @pytest.mark.slow
 def test_overhead_benchmark_reports_per_step_overhead_and_the_ratio():
-    command = [sys.executable, "benchmarks/overhead.py", "--repeats", "1", "--epochs", "1", "--settings", "digits"]
+    command = [sys.executable, "benchmarks/overhead.py", "--repeats", "1", "--epochs", "1", "--pairs", "2",
+               "--settings", "linear"]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    number = r"-?[\d.]+"
     assert re.search(
-        r"digits per-step overhead: -?[\d.]+ ms from two run lengths, -?[\d.]+ ms from median", result.stdout
+        rf"linear per-step overhead: {number} ms from 2 paired epochs \(quartiles {number} to {number}\); "
+        rf"{number} ms from two run lengths, {number} ms from their step intervals",
+        result.stdout,
     )
-    assert re.search(r"digits ratio \(b\)/\(a\) per epoch: [\d.]+ from median epoch intervals", result.stdout)
+    assert re.search(rf"linear bare Lightning, for scale: {number} ms a step over the plain loop", result.stdout)
+    assert re.search(r"linear ratio \(b\)/\(a\) per epoch: [\d.]+ from median epoch intervals", result.stdout)
     for figure in ("per_step_ms", "epoch_fixed_ms", "startup_s", "step_interval_ms", "epoch_interval_s"):
         assert figure in result.stdout
 
