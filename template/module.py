@@ -77,20 +77,23 @@ class WarmupCosine(LRScheduler):
 def log_step_metrics(trainer: L.Trainer | None, metrics: dict[str, torch.Tensor]) -> None:
     """Write ``metrics`` of this training step to the loggers, at the logging interval only.
 
-    Straight to the loggers, as Lightning's LearningRateMonitor writes the learning rate, at the
-    step Lightning would use. ``self.log`` costs about 0.35 ms a call on a CPU (its result
-    collection copies metadata each time) and a flush of the event file: on small steps that
-    was the largest cost of the defaults. A step metric needs nothing it adds: no reduction over
-    the epoch, no sync across ranks (rank zero writes its own values, as ``self.log`` would), no
-    place in ``trainer.callback_metrics``.
+    As Lightning's LearningRateMonitor writes the learning rate: straight to the loggers at
+    the step Lightning would use, and into ``trainer.callback_metrics`` (metrics.csv, and a
+    checkpoint or early stop monitoring them, see them). ``self.log`` costs about 0.35 ms a call
+    on a CPU (its result collection copies metadata each time) and a flush of the event file: on
+    small steps that was the largest cost of the defaults. A step metric needs none of what it
+    adds: no reduction over the epoch, no sync across ranks (each rank keeps its own values and
+    rank zero writes them, as ``self.log`` would do).
     """
     if trainer is None or not trainer._logger_connector.should_update_logs:  # every log_every_n_steps
         return
+    values = {name: value.detach() for name, value in metrics.items()}
+    trainer.callback_metrics.update(values)
     if not trainer.loggers or not trainer.is_global_zero:
         return
-    values = {name: float(value.detach()) for name, value in metrics.items()}  # a device sync, at logging steps only
+    scalars = {name: float(value) for name, value in values.items()}  # a device sync, at logging steps only
     for logger in trainer.loggers:
-        logger.log_metrics(values, step=trainer.global_step)
+        logger.log_metrics(scalars, step=trainer.global_step)
 
 
 class RunningAccuracy(Metric):
