@@ -1,6 +1,6 @@
 """What `template fit` costs over the plain PyTorch loop a careful user writes by hand.
 
-    python benchmarks/overhead.py                 # every setting (~8 min, 2 cores)
+    python benchmarks/overhead.py                 # every setting (~10 min, 2 cores)
     python benchmarks/overhead.py --repeats 1 --epochs 2 --settings linear   # a quick look
 
 Both train the same network on the same in-memory data for the same optimizer steps:
@@ -10,21 +10,24 @@ Both train the same network on the same in-memory data for the same optimizer st
     checkpoints, LR monitor, NaN guard, training monitor with confusion matrix and
     misclassified grid, metrics.csv, run record), run in-process through the CLI, plus
     `gradient_clip_val 1.0` so that both clip.
-A step's cost is the mean interval between the starts of successive steps of an epoch, the
-steps that write metrics included. Two ways of measuring:
-1. Paired epochs. One run of (b) in which, after every training epoch and its validation, a
-   callback runs one epoch of (a) in the same process. The per-step overhead is the median,
-   over the pairs, of (b)'s mean step interval minus that of the (a) epoch right after it.
-   On a shared VM the machine's speed drifts by several percent within seconds; epochs a
-   fraction of a second apart share it. This is the steady figure.
-2. Run lengths. Separate runs, (a) and (b) alternating, at three lengths: E and 2E full epochs
-   and E epochs of a quarter of the steps (limit_train_batches), so, with n the steps of an epoch:
+On a shared VM the machine's speed drifts by several percent within seconds, which blurs
+differences of whole-run wall times. So, two ways of measuring:
+1. Paired epochs (the steady figures). One run of (b) in which, after every training epoch and
+   its validation, a callback runs one epoch of (a) in the same process: pairs a fraction of a
+   second apart share the drift. The per-step overhead is the median, over the pairs, of (b)'s
+   mean step interval (from one step's start to the next, the steps that write metrics
+   included) minus that of the (a) epoch right after it; bare Lightning is paired the same way,
+   for scale. Per pair, D = (b)'s epoch time (training, validation, saving) minus (a)'s
+   (training, evaluation); with medians over the pairs at two run lengths, n and n/4 steps:
+       per step         = (D(n) - D(n/4)) / (3n/4)     (blurred by the fixed costs' noise)
+       per epoch, fixed = D(n) - n * per step
+       ratio (b)/(a)    = 1 + D(n) / (a)'s epoch time: what a long run costs, start-up aside.
+2. Separate runs, (a) and (b) alternating, at three lengths: E and 2E full epochs and E epochs
+   of a quarter of the steps, with T a whole run's wall time:
        per step  = (T(E, n) - T(E, n/4)) / (E 3n/4)
-       per epoch = (T(2E, n) - T(E, n)) / E          (the whole epoch: steps, validation, saving)
+       per epoch = (T(2E, n) - T(E, n)) / E
        start-up  = T(E, n) - E * per epoch
-   These separate the fixed costs, but whole-run wall times carry the drift, so the median
-   interval between successive epochs of the same runs is also given. The ratio (b)/(a) is of
-   the time per epoch: what a long run costs, start-up aside.
+   The start-up is only measured here; the other figures carry the drift.
 Settings: `linear` (the digits pipeline with a linear classifier: next to no compute, so what
 is left of a step is the framework's and the data's cost, and shows without the network's
 noise), `digits` (the default run: ResNetSmall on 8x8 images, batch 64, small steps) and
@@ -218,7 +221,7 @@ def bare_fit(setting: str, epochs: int, steps: int, clock: type = Clock) -> None
         trainer.fit(module, datamodule=data)
 
 
-PAIRED: dict = {"loop": None, "steps": 0, "plain": []}  # the (a) loop run between (b)'s epochs, and its steps
+PAIRED: dict = {"loop": None, "steps": 0, "plain": []}  # the (a) loop run between (b)'s epochs; its epochs
 
 
 class PairedEpochs(Clock):
@@ -226,16 +229,33 @@ class PairedEpochs(Clock):
     One callback, not two: each costs (b) a little at every hook of every step."""
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        PAIRED["plain"].append(PAIRED["loop"].epoch(PAIRED["steps"]))
+        start = time.perf_counter()
+        steps = PAIRED["loop"].epoch(PAIRED["steps"])
+        PAIRED["plain"].append((steps, time.perf_counter() - start))
 
 
-def paired_epochs(setting: str, epochs: int, steps: int, fit=template_fit) -> list[float]:
-    """Per pair, (b)'s mean step interval minus that of the (a) epoch right after it (s)."""
+def paired_epochs(setting: str, epochs: int, steps: int, fit=template_fit) -> dict[str, list[float]]:
+    """Per pair of a (b) epoch and the (a) epoch right after it, the differences (s) of their
+    mean step intervals ("step") and of their whole durations ("epoch": training, evaluation,
+    and for (b) saving; the time from one (b) epoch's start to the next, less the (a) epoch)."""
     PAIRED.update(loop=PlainLoop(setting, epochs * steps), steps=steps, plain=[])
     CLOCK["steps"].clear()
+    CLOCK["epochs"].clear()
     fit(setting, epochs, steps, clock=PairedEpochs)
-    pairs = list(zip(CLOCK["steps"], PAIRED["plain"]))[1:]  # the first epoch warms both up
-    return [step_interval(b) - step_interval(a) for b, a in pairs]
+    differences = {"step": [], "epoch": [], "plain_epoch": []}
+    for index in range(1, epochs - 1):  # the first epoch warms both up; the last has no next start
+        (a_steps, a_time), b_steps = PAIRED["plain"][index], CLOCK["steps"][index]
+        b_time = CLOCK["epochs"][index + 1] - CLOCK["epochs"][index] - a_time
+        differences["step"].append(step_interval(b_steps) - step_interval(a_steps))
+        differences["epoch"].append(b_time - a_time)
+        differences["plain_epoch"].append(a_time)
+    return differences
+
+
+def spread(values: list[float], scale: float = 1000) -> dict[str, float]:
+    """Median and quartiles, scaled (to ms)."""
+    low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return {"median": scale * statistics.median(values), "low": scale * low, "high": scale * high}
 
 
 def decompose(totals: dict[str, float], epochs: int, steps: int, short: int) -> dict[str, float]:
@@ -278,10 +298,17 @@ def measure(setting: str, epochs: int, repeats: int, pairs: int) -> dict:
     result["overhead"] = decompose(paired, epochs, steps, short)
     for kind, key, scale in (("step", "step_interval_ms", 1000), ("epoch", "epoch_interval_s", 1)):
         result["overhead"][key] = scale * statistics.median(b - a for a, b in zip(gaps["a", kind], gaps["b", kind]))
-    for name, fit in (("paired", template_fit), ("bare", bare_fit)):
-        differences = [1000 * d for d in paired_epochs(setting, pairs + 1, steps, fit)]
-        low, _, high = statistics.quantiles(differences, n=4) if len(differences) > 1 else differences * 3
-        result[name] = {"median_ms": statistics.median(differences), "low_ms": low, "high_ms": high, "pairs": pairs}
+    # Paired epochs at two lengths: the per-epoch difference is fixed + steps x per step.
+    full, part = (paired_epochs(setting, pairs + 2, n) for n in (steps, short))
+    per_step = (statistics.median(full["epoch"]) - statistics.median(part["epoch"])) / (steps - short)
+    result["paired"] = {
+        "per_step_ms": 1000 * per_step,
+        "epoch_fixed_ms": 1000 * (statistics.median(full["epoch"]) - steps * per_step),
+        "interval": spread(full["step"]),
+        "pairs": pairs,
+        "ratio": 1 + statistics.median(full["epoch"]) / statistics.median(full["plain_epoch"]),
+    }
+    result["bare"] = spread(paired_epochs(setting, pairs + 2, steps, bare_fit)["step"])
     return result
 
 
@@ -309,18 +336,22 @@ def main() -> None:
                 ("step_interval_ms", "ms"), ("epoch_interval_s", "s")]  # fmt: skip
         for key, unit in rows:
             print(f"{key:24}{a[key]:>14.3f}{unit:>2}{b[key]:>16.3f}{unit:>2}{overhead[key]:>10.3f}{unit:>2}")
+        interval = paired["interval"]
         print(
-            f"{setting} per-step overhead: {paired['median_ms']:.3f} ms from {paired['pairs']} paired epochs "
-            f"(quartiles {paired['low_ms']:.3f} to {paired['high_ms']:.3f}); {overhead['per_step_ms']:.3f} ms from "
-            f"two run lengths, {overhead['step_interval_ms']:.3f} ms from their step intervals"
+            f"{setting} per-step overhead: {interval['median']:.3f} ms from {paired['pairs']} paired epochs' step "
+            f"intervals (quartiles {interval['low']:.3f} to {interval['high']:.3f}); {paired['per_step_ms']:.3f} ms "
+            f"from two run lengths of them ({result['steps']} and {result['short']} steps; fixed "
+            f"{paired['epoch_fixed_ms']:.1f} ms an epoch); from separate runs {overhead['per_step_ms']:.3f} ms "
+            f"(run lengths), {overhead['step_interval_ms']:.3f} ms (step intervals)"
         )
         print(
-            f"{setting} bare Lightning, for scale: {bare['median_ms']:.3f} ms a step over the plain loop "
-            f"(quartiles {bare['low_ms']:.3f} to {bare['high_ms']:.3f}), paired the same way"
+            f"{setting} bare Lightning, for scale: {bare['median']:.3f} ms a step over the plain loop "
+            f"(quartiles {bare['low']:.3f} to {bare['high']:.3f}), from paired step intervals"
         )
         print(
-            f"{setting} ratio (b)/(a) per epoch: {1 + overhead['epoch_interval_s'] / a['epoch_interval_s']:.3f} from median "
-            f"epoch intervals, {1 + overhead['per_epoch_s'] / a['per_epoch_s']:.3f} from two run lengths"
+            f"{setting} ratio (b)/(a) per epoch: {paired['ratio']:.3f} from paired epochs; from separate runs "
+            f"{1 + overhead['epoch_interval_s'] / a['epoch_interval_s']:.3f} (median epoch intervals), "
+            f"{1 + overhead['per_epoch_s'] / a['per_epoch_s']:.3f} (run lengths)"
         )
 
 
