@@ -96,6 +96,12 @@ def log_step_metrics(trainer: L.Trainer | None, metrics: dict[str, torch.Tensor]
         logger.log_metrics(scalars, step=trainer.global_step)
 
 
+def total_gradient_norm(optimizer: Optimizer, device: torch.device) -> torch.Tensor:
+    """Total 2-norm of the gradients ``optimizer`` holds, fused (foreach); 0 when there are none."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
+
+
 class RunningAccuracy(Metric):
     """Top-1 accuracy kept as two on-device counts, summed across DDP ranks by torchmetrics.
 
@@ -284,21 +290,20 @@ class ClassificationModule(L.LightningModule):
         """
         norm = self._this_step.get(id(optimizer))
         if norm is None:
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
-            self._this_step[id(optimizer)] = norm
+            norm = self._this_step[id(optimizer)] = total_gradient_norm(optimizer, self.device)
         return norm
 
     def configure_gradient_clipping(
         self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
         norm = self._this_step.get(id(optimizer))  # computed this step (by the NaN guard), or None
-        plain = type(self.trainer.precision_plugin).clip_grad_by_norm is Precision.clip_grad_by_norm
+        precision = self.trainer.precision_plugin
+        plain = type(precision).clip_grad_by_norm is Precision.clip_grad_by_norm
         by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == GradClipAlgorithmType.NORM
         if norm is None or not gradient_clip_val or not by_norm or not plain:  # FSDP and others clip their own way
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+        # The parameters Lightning's own clip_grad_by_norm would clip, with the norm already known.
+        torch.nn.utils.clip_grads_with_norm_(precision.main_params(optimizer), gradient_clip_val, norm)
 
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer(parameter_groups(self.net))

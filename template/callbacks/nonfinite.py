@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.optim import Optimizer
 
-from template.module import log_step_metrics
+from template.module import log_step_metrics, total_gradient_norm
 
 
 class NonFiniteError(RuntimeError):
@@ -32,11 +32,10 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
 
 def gradient_norm(pl_module: L.LightningModule, optimizer: Optimizer) -> torch.Tensor:
     """The total gradient norm of this step: the module's own, shared with its clipping, where it
-    has one (``ClassificationModule.gradient_norm``); else computed here, fused (foreach)."""
+    has one (``ClassificationModule.gradient_norm``); else computed here."""
     if callable(shared := getattr(pl_module, "gradient_norm", None)):
         return shared(optimizer)
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=pl_module.device)
+    return total_gradient_norm(optimizer, pl_module.device)
 
 
 class NonFiniteGuard(Callback):
