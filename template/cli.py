@@ -28,6 +28,7 @@ from template.callbacks import (
     RunRecord,
     TrainingMonitor,
 )
+from template.callbacks.hooks import skip_empty_batch_hooks
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
     AtomicCheckpointIO,
@@ -178,6 +179,7 @@ class ClassificationCLI(LightningCLI):
         if self.subcommand != "predict":
             # It writes predictions and nothing else; elsewhere it would only add calls to every step.
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
+        skip_empty_batch_hooks(trainer.callbacks)  # ~50 µs a step of calls to empty hooks
         if torch.cuda.device_count() == 0:
             # Lightning sets this on import, so that looking for CUDA never initialises it in a
             # process that forks later. With no CUDA device there is nothing to initialise, and

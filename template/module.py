@@ -251,9 +251,14 @@ class ClassificationModule(L.LightningModule):
         self._this_step.clear()
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        # Once an optimizer step, after gradient accumulation: the last batch's loss, as self.log would.
-        if (loss := self._this_step.get("loss")) is not None:
-            log_step_metrics(self._trainer, {"train/loss": loss})
+        # Once an optimizer step, after gradient accumulation: the last batch's loss, as self.log
+        # would, and the gradient norm when the NaN guard (which runs first) has computed it.
+        if (loss := self._this_step.get("loss")) is None:
+            return
+        metrics = {"train/loss": loss}
+        if (norm := self._this_step.get(id(optimizer))) is not None:
+            metrics["train/grad_norm"] = norm
+        log_step_metrics(self._trainer, metrics)
 
     def _evaluate_logits(self, images: torch.Tensor) -> torch.Tensor:
         logits = self(images)
@@ -285,8 +290,8 @@ class ClassificationModule(L.LightningModule):
         """Total 2-norm of the gradients ``optimizer`` is about to apply, before clipping.
 
         Computed once a step (a few hundred µs for a ResNet on a CPU) and shared: the NaN guard
-        checks and logs it in ``on_before_optimizer_step``, and clipping by norm reuses it, as
-        ``clip_grad_norm_`` would have computed it again.
+        checks it in ``on_before_optimizer_step``, this module logs it with the loss right after,
+        and clipping by norm reuses it, as ``clip_grad_norm_`` would have computed it again.
         """
         norm = self._this_step.get(id(optimizer))
         if norm is None:

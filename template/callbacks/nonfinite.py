@@ -30,16 +30,12 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
     )
 
 
-def gradient_norm(pl_module: L.LightningModule, optimizer: Optimizer) -> torch.Tensor:
-    """The total gradient norm of this step: the module's own, shared with its clipping, where it
-    has one (``ClassificationModule.gradient_norm``); else computed here."""
-    if callable(shared := getattr(pl_module, "gradient_norm", None)):
-        return shared(optimizer)
-    return total_gradient_norm(optimizer, pl_module.device)
-
-
 class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step, and logs the norm.
+    """Checks the loss and the gradient norm before every optimizer step.
+
+    The norm is logged as ``train/grad_norm``: by ``ClassificationModule``, which computes it
+    once for this check and its clipping and logs it with the loss; by this guard for a module
+    without a ``gradient_norm`` of its own.
 
     A NaN spreads into every weight at the next step and never leaves; caught before the
     step, the last checkpoints stay good. The check costs one device sync a step. With
@@ -83,9 +79,13 @@ class NonFiniteGuard(Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         loss = self._loss if self._loss is not None else torch.zeros((), device=pl_module.device)
-        grad_norm = torch.zeros((), device=loss.device)
-        if getattr(trainer.precision_plugin, "scaler", None) is None:
-            grad_norm = gradient_norm(pl_module, optimizer)
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            grad_norm = torch.zeros((), device=loss.device)  # scaled gradients: the scaler checks them
+        elif callable(getattr(pl_module, "gradient_norm", None)):
+            # ClassificationModule's: computed once, clipped with, and logged with the loss.
+            grad_norm = pl_module.gradient_norm(optimizer)
+        else:
+            grad_norm = total_gradient_norm(optimizer, pl_module.device)
             log_step_metrics(trainer, {"train/grad_norm": grad_norm})  # at the logging interval
         if self.check_every_n_steps > 1:  # record on the device now, look later: no sync here
             if self._values is None or self._values.device != loss.device:
