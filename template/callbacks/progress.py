@@ -12,8 +12,10 @@ class ThrottledProgressBar(RichProgressBar):
     times a second, the rate it redraws at anyway.
 
     The stock bar reads the metrics (a ``.item()`` each) and updates its state after every
-    batch: about a millisecond, which on small steps is most of the framework's cost. The
-    last batch of an epoch is always taken in, so the bar ends full and with final values.
+    batch: about a millisecond, which on small steps is most of the framework's cost. The first
+    and last batches of an epoch are always taken in: the speed (it/s) needs two samples, and
+    the bar ends full and with final values. The logger's version number (``v_num``) is left
+    out: the run summary names the run directory.
     """
 
     def __init__(self, refresh_rate: int = 2, leave: bool = False) -> None:
@@ -22,10 +24,15 @@ class ThrottledProgressBar(RichProgressBar):
 
     def _due(self, batch_idx: int, total: Callable[[], float | int | None]) -> bool:
         now = time.monotonic()
-        if now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total():
+        if batch_idx and now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total():
             return False
         self._last_update = now
         return True
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
         if self._due(batch_idx, lambda: self.total_train_batches):
