@@ -73,6 +73,15 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def recorded_datamodule(path: str | Path) -> dict[str, Any] | None:
+    """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
+    hyper-parameters LightningCLI saved in it; None when it holds none."""
+    hparams = dict(load_checkpoint(path).get("datamodule_hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    class_path = hparams.pop("_class_path", None)
+    return {"class_path": class_path, "init_args": hparams} if class_path else None
+
+
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """Keep the keys under ``prefix`` (without it), minus wrapper prefixes (``module.``, ``_orig_mod.``)."""
     stripped = {}

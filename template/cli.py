@@ -6,6 +6,7 @@ so a misspelt key or a wrongly typed value fails before any training starts.
 """
 
 import importlib
+import json
 import logging
 import os
 import sys
@@ -35,6 +36,7 @@ from template.checkpoints import (
     UnsafeCheckpointError,
     check_checkpoint_is_safe,
     find_checkpoint,
+    recorded_datamodule,
 )
 from template.data import ImageDataModule
 from template.module import ClassificationModule
@@ -119,9 +121,6 @@ class ClassificationCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand is None:
             return
-        if self.config[subcommand].get("weights_only") is None:
-            # Checkpoints hold tensors and primitives only: never unpickle anything else.
-            self.config[subcommand]["weights_only"] = True
         ckpt_path = self.config[subcommand].get("ckpt_path")
         if ckpt_path in CHECKPOINT_ALIASES:
             try:
@@ -140,6 +139,18 @@ class ClassificationCLI(LightningCLI):
                 check_checkpoint_is_safe(ckpt_path)
             except UnsafeCheckpointError as error:
                 parser.error(str(error))
+            argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict | Namespace) else []
+            data = recorded_datamodule(ckpt_path)
+            if data is not None and subcommand in argv:
+                # The data the checkpoint was trained on, as the default that --config files and --data
+                # options override (Lightning restores the model's own arguments next). Without it,
+                # `test --ckpt_path X` of a model trained on other data met the digits.
+                at = argv.index(subcommand) + 1
+                self.config = parser.parse_args([*argv[:at], "--data", json.dumps(data), *argv[at:]])
+                self.config[subcommand]["ckpt_path"] = ckpt_path
+        if self.config[subcommand].get("weights_only") is None:
+            # Checkpoints hold tensors and primitives only: never unpickle anything else.
+            self.config[subcommand]["weights_only"] = True
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from template.checkpoints import load_checkpoint
+from template.data import ImageFolderDataModule
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"
 
@@ -17,6 +18,12 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     best = trained.trainer.checkpoint_callback.best_model_path
     assert Path(best).parent.parent.parent.name == "imagefolder"
     assert load_checkpoint(best)["hyper_parameters"]["class_names"] == ["cat", "dog", "owl"]
+
+    # Evaluating needs no data options: the checkpoint's DataModule is the default (the run summary
+    # prints `test --ckpt_path` alone), and an option given still overrides it.
+    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4")
+    assert isinstance(tested.datamodule, ImageFolderDataModule) and tested.datamodule.root == image_folder
+    assert tested.datamodule.batch_size == 4 and "test/acc" in tested.trainer.callback_metrics
 
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
     predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
