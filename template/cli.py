@@ -139,18 +139,26 @@ class ClassificationCLI(LightningCLI):
                 check_checkpoint_is_safe(ckpt_path)
             except UnsafeCheckpointError as error:
                 parser.error(str(error))
-            argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict | Namespace) else []
-            data = recorded_datamodule(ckpt_path)
-            if data is not None and subcommand in argv:
-                # The data the checkpoint was trained on, as the default that --config files and --data
-                # options override (Lightning restores the model's own arguments next). Without it,
-                # `test --ckpt_path X` of a model trained on other data met the digits.
-                at = argv.index(subcommand) + 1
-                self.config = parser.parse_args([*argv[:at], "--data", json.dumps(data), *argv[at:]])
-                self.config[subcommand]["ckpt_path"] = ckpt_path
+            self.default_to_recorded_data(parser, args, subcommand, ckpt_path)
         if self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
+
+    def default_to_recorded_data(self, parser: LightningArgumentParser, args, subcommand: str, ckpt_path: str) -> None:
+        """Parse again with the DataModule the checkpoint was trained on as the default, which --config
+        files and --data options given still override (Lightning restores the model's own arguments
+        next). Without it, `test --ckpt_path X` of a model trained on other data met the digits."""
+        argv = [] if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
+        data = recorded_datamodule(ckpt_path)
+        if data is None or subcommand not in argv:
+            return
+        if not importable(data["class_path"]):
+            rank_zero_warn(f"{ckpt_path} was trained with {data['class_path']}, which cannot be imported "
+                           "here: the configured data is used instead")  # fmt: skip
+            return
+        at = argv.index(subcommand) + 1  # first, so that every option given comes after it
+        self.config = parser.parse_args([*argv[:at], "--data", json.dumps(data), *argv[at:]])
+        self.config[subcommand]["ckpt_path"] = ckpt_path
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
@@ -220,6 +228,14 @@ class ClassificationCLI(LightningCLI):
         console.rule("run summary")
         for line in lines:
             console.print(line, highlight=False)
+
+
+def importable(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
 
 
 def is_tensorboard(logger) -> bool:

@@ -154,3 +154,17 @@ def test_console_script_runs():
     script = Path(sys.executable).parent / "template"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "{fit,validate,test,predict}" in result.stdout
+
+
+def test_a_checkpoint_whose_datamodule_cannot_be_imported_falls_back_to_the_configured_data(run_cli, tmp_path):
+    run = run_cli(
+        "fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"
+    )
+    checkpoint = torch.load(run.trainer.checkpoint_callback.best_model_path, weights_only=True)
+    assert checkpoint["datamodule_hyper_parameters"]["_class_path"] == "template.data.DigitsDataModule"
+    checkpoint["datamodule_hyper_parameters"]["_class_path"] = "somewhere.gone.SomeDataModule"
+    moved = tmp_path / "moved.ckpt"
+    torch.save(checkpoint, moved)
+    with pytest.warns(UserWarning, match="somewhere.gone.SomeDataModule, which cannot be imported"):
+        validated = run_cli("validate", "--ckpt_path", str(moved))
+    assert type(validated.datamodule).__name__ == "DigitsDataModule" and "val/acc" in validated.trainer.callback_metrics
