@@ -117,9 +117,15 @@ class ClassificationCLI(LightningCLI):
         parser.link_arguments("data.in_channels", "model.net.init_args.in_channels", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
+        # Evaluating or resuming a checkpoint defaults to the DataModule it was trained on, so --data
+        # options may be that one's (--data.predict_path): parse without them until it is known.
+        recorded_data = argv is not None and any(token.split("=")[0] == "--ckpt_path" for token in argv)
+        super().parse_arguments(parser, without_data_options(argv) if recorded_data else args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
+            if recorded_data:
+                super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
             return
         ckpt_path = self.config[subcommand].get("ckpt_path")
         if ckpt_path in CHECKPOINT_ALIASES:
@@ -139,25 +145,25 @@ class ClassificationCLI(LightningCLI):
                 check_checkpoint_is_safe(ckpt_path)
             except UnsafeCheckpointError as error:
                 parser.error(str(error))
-            self.default_to_recorded_data(parser, args, subcommand, ckpt_path)
+        if recorded_data:
+            self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path)
         if self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
 
-    def default_to_recorded_data(self, parser: LightningArgumentParser, args, subcommand: str, ckpt_path: str) -> None:
-        """Parse again with the DataModule the checkpoint was trained on as the default, which --config
-        files and --data options given still override (Lightning restores the model's own arguments
-        next). Without it, `test --ckpt_path X` of a model trained on other data met the digits."""
-        argv = [] if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
-        data = recorded_datamodule(ckpt_path)
-        if data is None or subcommand not in argv:
-            return
-        if not importable(data["class_path"]):
+    def parse_with_recorded_data(self, parser: LightningArgumentParser, argv: list, subcommand: str, ckpt_path) -> None:
+        """Parse the whole command line again, after the DataModule the checkpoint was trained on: the
+        default, which --config files and --data options given still override (Lightning restores
+        the model's own arguments next). Without it, `test --ckpt_path X` of a model trained on
+        other data met the digits."""
+        data = recorded_datamodule(ckpt_path) if ckpt_path else None
+        if data is not None and not importable(data["class_path"]):
             rank_zero_warn(f"{ckpt_path} was trained with {data['class_path']}, which cannot be imported "
                            "here: the configured data is used instead")  # fmt: skip
-            return
-        at = argv.index(subcommand) + 1  # first, so that every option given comes after it
-        self.config = parser.parse_args([*argv[:at], "--data", json.dumps(data), *argv[at:]])
+            data = None
+        at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
+        recorded = ["--data", json.dumps(data)] if data is not None else []
+        self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
         self.config[subcommand]["ckpt_path"] = ckpt_path
 
     def before_instantiate_classes(self) -> None:
@@ -228,6 +234,19 @@ class ClassificationCLI(LightningCLI):
         console.rule("run summary")
         for line in lines:
             console.print(line, highlight=False)
+
+
+def without_data_options(argv: list[str]) -> list[str]:
+    """``argv`` less its --data options, each with its value (the next token, or after ``=``)."""
+    kept, value_next = [], False
+    for token in argv:
+        if value_next:
+            value_next = False
+        elif token.split("=")[0] == "--data" or token.startswith("--data."):
+            value_next = "=" not in token
+        else:
+            kept.append(token)
+    return kept
 
 
 def importable(class_path: str) -> bool:

@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
-from template.cli import cli
+from template.cli import cli, without_data_options
 from template.nets import ResNet18
 from template.profiler import NoProfiler
 
@@ -168,3 +168,20 @@ def test_a_checkpoint_whose_datamodule_cannot_be_imported_falls_back_to_the_conf
     with pytest.warns(UserWarning, match="somewhere.gone.SomeDataModule, which cannot be imported"):
         validated = run_cli("validate", "--ckpt_path", str(moved))
     assert type(validated.datamodule).__name__ == "DigitsDataModule" and "val/acc" in validated.trainer.callback_metrics
+
+
+def test_data_options_are_set_aside_with_their_values_whatever_their_form():
+    argv = [
+        "test",
+        "--data",
+        "a.B",
+        "--data=c.D",
+        "--data.root",
+        "r",
+        "--data.size=3",
+        "--ckpt_path",
+        "x",
+        "--datax",
+        "1",
+    ]
+    assert without_data_options(argv) == ["test", "--ckpt_path", "x", "--datax", "1"]

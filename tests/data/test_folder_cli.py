@@ -20,10 +20,12 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     assert load_checkpoint(best)["hyper_parameters"]["class_names"] == ["cat", "dog", "owl"]
 
     # Evaluating needs no data options: the checkpoint's DataModule is the default (the run summary
-    # prints `test --ckpt_path` alone), and an option given still overrides it.
-    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4")
+    # prints `test --ckpt_path` alone). Options given still override it, its own ones too (the
+    # default digits have no image_size).
+    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4", "--data.image_size=12")
     assert isinstance(tested.datamodule, ImageFolderDataModule) and tested.datamodule.root == image_folder
-    assert tested.datamodule.batch_size == 4 and "test/acc" in tested.trainer.callback_metrics
+    assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (12, 12)
+    assert "test/acc" in tested.trainer.callback_metrics
 
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
     predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
