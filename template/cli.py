@@ -120,11 +120,11 @@ class ClassificationCLI(LightningCLI):
         argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
         # Evaluating or resuming a checkpoint defaults to the DataModule it was trained on, so --data
         # options may be that one's (--data.predict_path): parse without them until it is known.
-        recorded_data = argv is not None and any(token.split("=")[0] == "--ckpt_path" for token in argv)
-        super().parse_arguments(parser, without_data_options(argv) if recorded_data else args)
+        ckpt_given = argv is not None and any(token.split("=")[0] == "--ckpt_path" for token in argv)
+        super().parse_arguments(parser, without_data_options(argv) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
         if subcommand is None:
-            if recorded_data:
+            if ckpt_given:
                 super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
             return
         ckpt_path = self.config[subcommand].get("ckpt_path")
@@ -145,13 +145,15 @@ class ClassificationCLI(LightningCLI):
                 check_checkpoint_is_safe(ckpt_path)
             except UnsafeCheckpointError as error:
                 parser.error(str(error))
-        if recorded_data:
+        if ckpt_given:
             self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path)
         if self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
 
-    def parse_with_recorded_data(self, parser: LightningArgumentParser, argv: list, subcommand: str, ckpt_path) -> None:
+    def parse_with_recorded_data(
+        self, parser: LightningArgumentParser, argv: list[str], subcommand: str, ckpt_path: str | None
+    ) -> None:
         """Parse the whole command line again, after the DataModule the checkpoint was trained on: the
         default, which --config files and --data options given still override (Lightning restores
         the model's own arguments next). Without it, `test --ckpt_path X` of a model trained on
