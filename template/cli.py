@@ -154,17 +154,23 @@ class ClassificationCLI(LightningCLI):
     def parse_with_recorded_data(
         self, parser: LightningArgumentParser, argv: list[str], subcommand: str, ckpt_path: str | None
     ) -> None:
-        """Parse the whole command line again, after the DataModule the checkpoint was trained on: the
-        default, which --config files and --data options given still override (Lightning restores
-        the model's own arguments next). Without it, `test --ckpt_path X` of a model trained on
-        other data met the digits."""
+        """Parse the whole command line again, after the DataModule the checkpoint was trained on and,
+        when evaluating, the runs directory and name of its run: defaults, which --config files and
+        options given still override (Lightning restores the model's own arguments next). Without
+        them, `test --ckpt_path X` of a model trained on other data met the digits, and logged as
+        a run of theirs."""
         data = recorded_datamodule(ckpt_path) if ckpt_path else None
         if data is not None and not importable(data["class_path"]):
             rank_zero_warn(f"{ckpt_path} was trained with {data['class_path']}, which cannot be imported "
                            "here: the configured data is used instead")  # fmt: skip
             data = None
-        at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
         recorded = ["--data", json.dumps(data)] if data is not None else []
+        if subcommand != "fit" and ckpt_path and (run_dir := training_run(ckpt_path)) is not None:
+            # runs/<name>/version_K: a new version beside the run it evaluates (resuming continues
+            # the run itself: continue_run_directory).
+            logger = "--trainer.logger.init_args"
+            recorded += [f"{logger}.save_dir", str(run_dir.parent.parent), f"{logger}.name", run_dir.parent.name]
+        at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
         self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
         self.config[subcommand]["ckpt_path"] = ckpt_path
 
@@ -263,11 +269,16 @@ def is_tensorboard(logger) -> bool:
     return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
 
 
-def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
-    """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
+def training_run(ckpt_path: str) -> Path | None:
+    """The run directory (runs/<name>/<version>) a checkpoint in its checkpoints/ folder belongs to."""
     checkpoint = Path(ckpt_path).resolve()
     run_dir = checkpoint.parent.parent
-    if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file():
+    return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
+
+
+def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
+    """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
+    if (run_dir := training_run(ckpt_path)) is not None:
         logger.init_args.save_dir = str(run_dir.parent.parent)
         logger.init_args.name = run_dir.parent.name
         logger.init_args.version = run_dir.name

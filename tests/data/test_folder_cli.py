@@ -26,6 +26,7 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     assert isinstance(tested.datamodule, ImageFolderDataModule) and tested.datamodule.root == image_folder
     assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (12, 12)
     assert "test/acc" in tested.trainer.callback_metrics
+    assert Path(tested.trainer.log_dir).parent == Path(best).parents[2]  # a new version beside the run
 
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
     predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
