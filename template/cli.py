@@ -145,7 +145,7 @@ class ClassificationCLI(LightningCLI):
                 check_checkpoint_is_safe(ckpt_path)
             except UnsafeCheckpointError as error:
                 parser.error(str(error))
-        if ckpt_given:
+        if argv is not None and (ckpt_given or ckpt_path):  # a --ckpt_path from a --config file too
             self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path)
         if self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.

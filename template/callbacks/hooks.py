@@ -31,14 +31,14 @@ def skip_empty_batch_hooks(callbacks: Iterable[Callback]) -> list[str]:
     a small step over bare Lightning. Lightning passes over a hook attribute that is not callable
     (``if callable(fn)`` in ``trainer/call.py``, for callbacks, modules and data modules alike),
     so the instance's ``None`` hides the inherited empty method. Hooks a callback implements,
-    anywhere in its class hierarchy, are left as they are.
+    anywhere in its class hierarchy or on the instance itself, are left as they are.
 
     Returns the ``"Callback.hook"`` names it turned off.
     """
     skipped = []
     for callback in callbacks:
         for hook in BATCH_HOOKS:
-            if getattr(type(callback), hook, None) is getattr(Callback, hook):
+            if hook not in vars(callback) and getattr(type(callback), hook, None) is getattr(Callback, hook):
                 setattr(callback, hook, None)
                 skipped.append(f"{type(callback).__name__}.{hook}")
     return skipped

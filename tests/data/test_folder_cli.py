@@ -27,6 +27,9 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (12, 12)
     assert "test/acc" in tested.trainer.callback_metrics
     assert Path(tested.trainer.log_dir).parent == Path(best).parents[2]  # a new version beside the run
+    (tmp_path / "evaluate.yaml").write_text(f"ckpt_path: {best}\n")  # the checkpoint named in a config file
+    validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"))
+    assert isinstance(validated.datamodule, ImageFolderDataModule) and "val/acc" in validated.trainer.callback_metrics
 
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
     predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
