@@ -1,12 +1,16 @@
-"""Checkpoints that survive a killed process, load without running code, and are found by name."""
+"""Checkpoints that survive a killed process, load without running code, are found by name, and
+say what data and run they came from."""
 
 import errno
+import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 CHECKPOINT_ALIASES = ("best", "last")
@@ -80,6 +84,38 @@ def recorded_datamodule(path: str | Path) -> dict[str, Any] | None:
     hparams.pop("_instantiator", None)
     class_path = hparams.pop("_class_path", None)
     return {"class_path": class_path, "init_args": hparams} if class_path else None
+
+
+def training_run(path: str | Path) -> Path | None:
+    """The run directory (runs/<name>/<version>) a checkpoint in its checkpoints/ folder belongs to."""
+    checkpoint = Path(path).resolve()
+    run_dir = checkpoint.parent.parent
+    return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
+
+
+def recorded_arguments(path: str | Path, evaluating: bool) -> list[str]:
+    """Command-line options for what a checkpoint knows of its run: the DataModule it was trained
+    with and, when ``evaluating`` it, the runs directory and name of that run (a new version is
+    logged beside it; a resumed fit continues the run itself)."""
+    arguments = []
+    data = recorded_datamodule(path)
+    if data is not None and importable(data["class_path"]):
+        arguments += ["--data", json.dumps(data)]
+    elif data is not None:
+        rank_zero_warn(f"{path} was trained with {data['class_path']}, which cannot be imported here: the "
+                       "configured data is used instead")  # fmt: skip
+    if evaluating and (run_dir := training_run(path)) is not None:
+        logger = "--trainer.logger.init_args"
+        arguments += [f"{logger}.save_dir", str(run_dir.parent.parent), f"{logger}.name", run_dir.parent.name]
+    return arguments
+
+
+def importable(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:

@@ -6,7 +6,6 @@ so a misspelt key or a wrongly typed value fails before any training starts.
 """
 
 import importlib
-import json
 import logging
 import os
 import sys
@@ -36,7 +35,8 @@ from template.checkpoints import (
     UnsafeCheckpointError,
     check_checkpoint_is_safe,
     find_checkpoint,
-    recorded_datamodule,
+    recorded_arguments,
+    training_run,
 )
 from template.data import ImageDataModule
 from template.module import ClassificationModule
@@ -159,17 +159,7 @@ class ClassificationCLI(LightningCLI):
         options given still override (Lightning restores the model's own arguments next). Without
         them, `test --ckpt_path X` of a model trained on other data met the digits, and logged as
         a run of theirs."""
-        data = recorded_datamodule(ckpt_path) if ckpt_path else None
-        if data is not None and not importable(data["class_path"]):
-            rank_zero_warn(f"{ckpt_path} was trained with {data['class_path']}, which cannot be imported "
-                           "here: the configured data is used instead")  # fmt: skip
-            data = None
-        recorded = ["--data", json.dumps(data)] if data is not None else []
-        if subcommand != "fit" and ckpt_path and (run_dir := training_run(ckpt_path)) is not None:
-            # runs/<name>/version_K: a new version beside the run it evaluates (resuming continues
-            # the run itself: continue_run_directory).
-            logger = "--trainer.logger.init_args"
-            recorded += [f"{logger}.save_dir", str(run_dir.parent.parent), f"{logger}.name", run_dir.parent.name]
+        recorded = recorded_arguments(ckpt_path, evaluating=subcommand != "fit") if ckpt_path else []
         at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
         self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
         self.config[subcommand]["ckpt_path"] = ckpt_path
@@ -257,23 +247,8 @@ def without_data_options(argv: list[str]) -> list[str]:
     return kept
 
 
-def importable(class_path: str) -> bool:
-    module, _, name = class_path.rpartition(".")
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
-
-
 def is_tensorboard(logger) -> bool:
     return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
-
-
-def training_run(ckpt_path: str) -> Path | None:
-    """The run directory (runs/<name>/<version>) a checkpoint in its checkpoints/ folder belongs to."""
-    checkpoint = Path(ckpt_path).resolve()
-    run_dir = checkpoint.parent.parent
-    return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
 
 
 def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
