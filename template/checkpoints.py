@@ -79,8 +79,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def recorded_datamodule(path: str | Path) -> dict[str, Any] | None:
     """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
-    hyper-parameters LightningCLI saved in it; None when it holds none."""
-    hparams = dict(load_checkpoint(path).get("datamodule_hyper_parameters") or {})
+    hyper-parameters LightningCLI saved in it; None when it holds none.
+
+    Memory-mapped: only the pickled dictionary is read, not the tensors (Lightning reads the
+    whole file twice more). ``weights_only`` refuses pickled objects; for a clear error first,
+    the CLI runs ``check_checkpoint_is_safe`` before this."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     hparams.pop("_instantiator", None)
     class_path = hparams.pop("_class_path", None)
     return {"class_path": class_path, "init_args": hparams} if class_path else None
