@@ -2,35 +2,51 @@
 say what data and run they came from."""
 
 import errno
-import importlib
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from template.untrusted import (
+    CheckpointError,
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    check_class_paths,
+    drop_foreign_paths,
+    verify_digest,
+    with_digest,
+)
+
 CHECKPOINT_ALIASES = ("best", "last")
-
-
-class UnsafeCheckpointError(RuntimeError):
-    """The checkpoint needs arbitrary pickled objects, which could run code when loaded."""
+__all__ = ["CheckpointError", "DamagedCheckpointError", "UnsafeCheckpointError"]  # raised from here too
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file in the same directory, then renames it into place.
+    """Writes each checkpoint to a temporary file in the same directory, then renames it into place,
+    with a digest of its tensors; reading one back verifies the digest and drops the file paths of
+    its ModelCheckpoint states that lie outside its directory.
 
     A reader never sees a partial file under a final name, whenever the process dies: the
     rename is atomic, and the data is flushed and fsynced to disk before it. A write that
     fails (a full disk, say) raises an error that says so and leaves the previous file intact.
     """
 
+    def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
+        checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        if "://" not in str(path):
+            verify_digest(checkpoint, str(path))
+            drop_foreign_paths(checkpoint, path)
+        return checkpoint
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own semantics
             return super().save_checkpoint(checkpoint, path, storage_options)
+        checkpoint = with_digest(checkpoint)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
@@ -61,8 +77,14 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
     """Refuse a checkpoint that needs arbitrary pickled objects, without unpickling anything from it."""
     try:
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except Exception as error:  # not a torch.save file at all
-        raise UnsafeCheckpointError(f"{path} is not a readable checkpoint: {error}") from error
+    except Exception:  # not a zip checkpoint: torch's legacy format, or no torch.save file at all
+        try:  # the weights_only unpickler refuses every object it does not know, in either format
+            torch.load(path, map_location="cpu", weights_only=True)
+            return
+        except pickle.UnpicklingError as error:
+            unsafe = [str(error).split("Unsupported global: GLOBAL ")[-1].split(" ")[0]]
+        except Exception as error:
+            raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
     if unsafe:
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it needs arbitrary pickled objects ({', '.join(unsafe[:5])}), and "
@@ -71,20 +93,83 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
         )
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU with ``weights_only=True``, after the safety check."""
+# What a Lightning checkpoint holds at its top level, with the type each entry must have.
+LAYOUT = {
+    "pytorch-lightning_version": str,
+    "state_dict": dict,
+    "epoch": int,
+    "global_step": int,
+    "hyper_parameters": dict,
+    "datamodule_hyper_parameters": dict,
+    "optimizer_states": list,
+    "lr_schedulers": list,
+    "callbacks": dict,
+    "loops": dict,
+}
+
+
+def read_checkpoint(path: str | Path, model_class: type | None = None, tensors: bool = True) -> dict[str, Any]:
+    """A Lightning checkpoint, on the CPU, after every check of an untrusted file: no pickled objects,
+    the layout of a checkpoint, no class it may not name (see ``template.untrusted``) and, when its
+    ``tensors`` are read (not only memory-mapped), tensors equal to the digest written with them.
+
+    ``model_class`` is the LightningModule that the hyper-parameters are the arguments of, where
+    the checkpoint does not name one itself.
+    """
     check_checkpoint_is_safe(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:  # memory-mapped where the format allows: only the pickled dictionary is read now
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not tensors)
+    except RuntimeError as error:
+        if "mmap" not in str(error):
+            raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+    check_layout(checkpoint, path)
+    check_class_paths(checkpoint, str(path), model_class or default_model_class())
+    if tensors:
+        verify_digest(checkpoint, str(path))
+    return checkpoint
 
 
-def recorded_datamodule(path: str | Path) -> dict[str, Any] | None:
+def default_model_class() -> type:
+    """The LightningModule whose arguments a checkpoint's hyper-parameters are, unless they name one."""
+    from template.module import ClassificationModule  # imported here: the module loads checkpoints too
+
+    return ClassificationModule
+
+
+def check_layout(checkpoint: Any, path: str | Path) -> None:
+    """Refuse a file that is not a Lightning checkpoint, or whose entries have the wrong types."""
+    if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+        raise CheckpointError(
+            f"{path} is not a Lightning checkpoint (no pytorch-lightning_version: a plain state_dict, or another "
+            "tool's file). --ckpt_path takes the .ckpt files of a run; to start from these weights, load them into "
+            "the network with template.checkpoints.load_weights."
+        )
+    for key, kind in LAYOUT.items():
+        if key in checkpoint and not isinstance(checkpoint[key], kind):
+            raise DamagedCheckpointError(
+                f"{path} is malformed: its {key} is a {type(checkpoint[key]).__name__}, not a {kind.__name__}"
+            )
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["state_dict"].items()):
+        raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a file saved with ``torch.save`` on the CPU with ``weights_only=True``, after the safety
+    check; a Lightning checkpoint also after every check of ``read_checkpoint``."""
+    check_checkpoint_is_safe(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
+        check_layout(checkpoint, path)
+        check_class_paths(checkpoint, str(path), default_model_class())
+        verify_digest(checkpoint, str(path))
+    return checkpoint
+
+
+def recorded_datamodule(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
-    hyper-parameters LightningCLI saved in it; None when it holds none.
-
-    Memory-mapped: only the pickled dictionary is read, not the tensors (Lightning reads the
-    whole file twice more). ``weights_only`` refuses pickled objects; for a clear error first,
-    the CLI runs ``check_checkpoint_is_safe`` before this."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    hyper-parameters LightningCLI saved in it; None when it holds none. For a checkpoint from
+    ``read_checkpoint``: the class path is one it may name."""
     hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     hparams.pop("_instantiator", None)
     class_path = hparams.pop("_class_path", None)
@@ -98,29 +183,17 @@ def training_run(path: str | Path) -> Path | None:
     return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
 
 
-def recorded_arguments(path: str | Path, evaluating: bool) -> list[str]:
+def recorded_arguments(checkpoint: dict[str, Any], path: str | Path, evaluating: bool) -> list[str]:
     """Command-line options for what a checkpoint knows of its run: the DataModule it was trained
     with and, when ``evaluating`` it, the runs directory and name of that run (a new version is
     logged beside it; a resumed fit continues the run itself)."""
     arguments = []
-    data = recorded_datamodule(path)
-    if data is not None and importable(data["class_path"]):
+    if (data := recorded_datamodule(checkpoint)) is not None:
         arguments += ["--data", json.dumps(data)]
-    elif data is not None:
-        rank_zero_warn(f"{path} was trained with {data['class_path']}, which cannot be imported here: the "
-                       "configured data is used instead")  # fmt: skip
     if evaluating and (run_dir := training_run(path)) is not None:
         logger = "--trainer.logger.init_args"
         arguments += [f"{logger}.save_dir", str(run_dir.parent.parent), f"{logger}.name", run_dir.parent.name]
     return arguments
-
-
-def importable(class_path: str) -> bool:
-    module, _, name = class_path.rpartition(".")
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -184,7 +257,21 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     checkpoint_dir = lasts[-1].parent
     if alias == "last":
         return lasts[-1]
-    bests = sorted(checkpoint_dir.glob("best*.ckpt"), key=lambda path: path.stat().st_mtime)
+    bests = list(checkpoint_dir.glob("best*.ckpt"))
     if not bests:
         raise FileNotFoundError(f"--ckpt_path best: {checkpoint_dir} holds no best*.ckpt")
-    return bests[-1]
+    # The best monitored value (with save_top_k > 1 the newest file is not the best); ties: the newest.
+    return max(bests, key=lambda path: (*monitored_score(path), path.stat().st_mtime))
+
+
+def monitored_score(path: Path) -> tuple[bool, float]:
+    """(found, score oriented so that higher is better) of the monitored metric a checkpoint was saved
+    for, from the state of the ModelCheckpoint that wrote it: its score when it was saved."""
+    check_checkpoint_is_safe(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    for name, state in (checkpoint.get("callbacks") or {}).items():
+        if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
+            score = state.get("current_score")
+            if isinstance(score, torch.Tensor | float | int) and torch.isfinite(torch.as_tensor(score)):
+                return True, float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
+    return False, 0.0

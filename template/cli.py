@@ -32,9 +32,9 @@ from template.callbacks.hooks import skip_empty_batch_hooks
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
     AtomicCheckpointIO,
-    UnsafeCheckpointError,
-    check_checkpoint_is_safe,
+    CheckpointError,
     find_checkpoint,
+    read_checkpoint,
     recorded_arguments,
     training_run,
 )
@@ -136,30 +136,32 @@ class ClassificationCLI(LightningCLI):
             if rank_zero_only.rank == 0:
                 print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
             self.config[subcommand]["ckpt_path"] = ckpt_path
+        checkpoint = None
         if ckpt_path:
-            # LightningCLI reads the checkpoint's hyper-parameters next: check it first, so a
-            # doctored file is refused with a reason before any byte of it is unpickled.
+            # LightningCLI reads the checkpoint's hyper-parameters next and instantiates the classes
+            # they name: check it first, so a doctored file is refused with a reason before any byte
+            # of it is unpickled and before any module it names is imported.
             if not Path(ckpt_path).is_file():
                 parser.error(f"--ckpt_path {ckpt_path}: no such file")
             try:
-                check_checkpoint_is_safe(ckpt_path)
-            except UnsafeCheckpointError as error:
+                checkpoint = read_checkpoint(ckpt_path, ClassificationModule, tensors=False)
+            except CheckpointError as error:
                 parser.error(str(error))
         if argv is not None and (ckpt_given or ckpt_path):  # a --ckpt_path from a --config file too
-            self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path)
+            self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path, checkpoint)
         if self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
 
     def parse_with_recorded_data(
-        self, parser: LightningArgumentParser, argv: list[str], subcommand: str, ckpt_path: str | None
+        self, parser: LightningArgumentParser, argv: list[str], subcommand: str, ckpt_path: str | None, checkpoint
     ) -> None:
         """Parse the whole command line again, after the DataModule the checkpoint was trained on and,
         when evaluating, the runs directory and name of its run: defaults, which --config files and
         options given still override (Lightning restores the model's own arguments next). Without
         them, `test --ckpt_path X` of a model trained on other data met the digits, and logged as
         a run of theirs."""
-        recorded = recorded_arguments(ckpt_path, evaluating=subcommand != "fit") if ckpt_path else []
+        recorded = recorded_arguments(checkpoint, ckpt_path, evaluating=subcommand != "fit") if ckpt_path else []
         at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
         self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
         self.config[subcommand]["ckpt_path"] = ckpt_path

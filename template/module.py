@@ -1,6 +1,7 @@
 """The training recipe as a LightningModule: loss, metrics, parameter groups, schedule."""
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterable
 
@@ -8,12 +9,14 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
+
+from template.checkpoints import read_checkpoint
 
 # Injected by LightningCLI from YAML (`class_path` + `init_args`). The scheduler also gets
 # the total number of optimizer steps, which only the Trainer knows.
@@ -72,6 +75,23 @@ class WarmupCosine(LRScheduler):
     def get_lr(self) -> list[float]:
         factor = self.lr_factor(self.last_epoch)
         return [base_lr * factor for base_lr in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the position in the schedule, but keep the plan made for this run: a run resumed
+        with a larger max_epochs or max_steps follows the schedule over its new total from the step
+        it stands at, instead of the old total's (which has already decayed to its floor)."""
+        planned = {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
+        super().load_state_dict(state_dict)
+        if state_dict.get("total_steps") == planned["total_steps"]:
+            return  # the same plan: an exact resume
+        self.__dict__.update(planned)
+        self._last_lr = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr  # the next step already uses the new plan
+        rank_zero_info(
+            f"learning-rate schedule re-planned from {state_dict.get('total_steps')} to {self.total_steps} "
+            f"optimizer steps; continuing from step {self.last_epoch}"
+        )
 
 
 def log_step_metrics(trainer: L.Trainer | None, metrics: dict[str, torch.Tensor]) -> None:
@@ -206,6 +226,16 @@ class ClassificationModule(L.LightningModule):
         self._train_acc_logged = False  # in this epoch: train/acc is logged once an epoch
         # This batch's loss ("loss"), and gradient norms by optimizer (id): see gradient_norm.
         self._this_step: dict[str | int, torch.Tensor] = {}
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):
+        """Lightning's ``load_from_checkpoint``, after the checks of an untrusted file: no pickled
+        objects, no class path it may not name, tensors that match their digest
+        (``template.checkpoints.read_checkpoint``)."""
+        if not isinstance(checkpoint_path, str | os.PathLike) or "://" in str(checkpoint_path):
+            raise TypeError(f"{cls.__name__}.load_from_checkpoint takes the path of a local file here")
+        read_checkpoint(checkpoint_path, cls)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "_current_fx_name":

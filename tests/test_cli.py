@@ -156,7 +156,7 @@ def test_console_script_runs():
     assert result.returncode == 0 and "{fit,validate,test,predict}" in result.stdout
 
 
-def test_a_checkpoint_whose_datamodule_cannot_be_imported_falls_back_to_the_configured_data(run_cli, tmp_path):
+def test_a_checkpoint_whose_datamodule_cannot_be_imported_is_refused_naming_it(run_cli, tmp_path, capsys):
     run = run_cli(
         "fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"
     )
@@ -165,9 +165,11 @@ def test_a_checkpoint_whose_datamodule_cannot_be_imported_falls_back_to_the_conf
     checkpoint["datamodule_hyper_parameters"]["_class_path"] = "somewhere.gone.SomeDataModule"
     moved = tmp_path / "moved.ckpt"
     torch.save(checkpoint, moved)
-    with pytest.warns(UserWarning, match="somewhere.gone.SomeDataModule, which cannot be imported"):
-        validated = run_cli("validate", "--ckpt_path", str(moved))
-    assert type(validated.datamodule).__name__ == "DigitsDataModule" and "val/acc" in validated.trainer.callback_metrics
+    with pytest.raises(SystemExit) as exit_info:  # its module is neither imported nor trusted: never imported
+        run_cli("validate", "--ckpt_path", str(moved))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "datamodule_hyper_parameters._class_path names 'somewhere.gone.SomeDataModule'" in error
 
 
 def test_data_options_are_set_aside_with_their_values_whatever_their_form():

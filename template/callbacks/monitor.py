@@ -43,6 +43,18 @@ class TrainingMonitor(Callback):
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self._rows: list[dict] = []
 
+    def state_dict(self) -> dict:
+        return {"rows": self._rows}  # so that a resumed run's metrics.csv keeps the epochs before it
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        rows = state_dict.get("rows")
+        # From a checkpoint, so untrusted: numbers under names only.
+        if isinstance(rows, list) and all(
+            isinstance(row, dict) and all(isinstance(k, str) and isinstance(v, int | float) for k, v in row.items())
+            for row in rows
+        ):
+            self._rows = rows
+
     @staticmethod
     def _tensorboard(trainer: L.Trainer):
         return next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)

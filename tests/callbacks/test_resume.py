@@ -1,6 +1,8 @@
 """Exact resume, pre-emption and reproducibility, on real runs of the CLI."""
 
+import csv
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -39,6 +41,11 @@ def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
+def epoch_rows(run_dir: Path) -> list[tuple[str, str]]:
+    """(epoch, val/acc) of every row of the run's metrics.csv."""
+    return [(row["epoch"], row["val/acc"]) for row in csv.DictReader((run_dir / "metrics.csv").open())]
+
+
 def assert_same_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
@@ -60,6 +67,7 @@ def test_k_epochs_then_resume_equals_a_straight_run(run_cli, tmp_path):
     resumed = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, "--ckpt_path", "last")
 
     assert Path(resumed.trainer.log_dir) == resumed_dir  # logging went on in the same run directory
+    assert epoch_rows(resumed_dir) == epoch_rows(straight_dir)  # metrics.csv kept the epochs before the resume
     assert (resumed_dir / "env.json").is_file() and (resumed_dir / "env-2.json").is_file()
     assert_same_weights(
         weights(straight_dir / "checkpoints" / "last.ckpt"), weights(resumed_dir / "checkpoints" / "last.ckpt")
@@ -125,6 +133,20 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_run_resumes_exactly(tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = load_checkpoint(checkpoints / "last.ckpt")
     assert final["epoch"] == 7
+    assert [epoch for epoch, _ in epoch_rows(runs / "digits" / "version_0")] == [str(e) for e in range(8)]
     assert_same_weights(
         weights(tmp_path / "straight" / "digits" / "version_0" / "checkpoints" / "last.ckpt"), final["state_dict"]
     )
+
+
+@pytest.mark.slow
+def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_cli):
+    short = ["--trainer.limit_train_batches", "6", "--trainer.log_every_n_steps", "1"]
+    run_cli("fit", "--trainer.max_epochs", "2", *short)
+    longer = run_cli("fit", "--trainer.max_epochs", "4", *short, "--ckpt_path", "last")
+    run_dir = Path(longer.trainer.log_dir)
+    lr = scalars(run_dir)["lr/decay"]
+    assert lr[11] < 1e-4  # the first run's schedule ended at its floor
+    assert lr[12] > 0.001 and all(value > 0 for step, value in lr.items() if step >= 12)  # the new one trains on
+    assert lr[12] == pytest.approx(0.003 * (0.5 + 0.5 * math.cos(math.pi * (12 - 1) / (24 - 1))), rel=1e-3)
+    assert [epoch for epoch, _ in epoch_rows(run_dir)] == ["0", "1", "2", "3"]

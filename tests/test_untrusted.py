@@ -1,0 +1,231 @@
+"""A stranger's checkpoint of plain values runs nothing, imports nothing and deletes nothing."""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_args
+
+from template.checkpoints import (
+    CheckpointError,
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+)
+from template.cli import cli
+from template.module import ClassificationModule
+
+SENTINEL = "sentinel_{name}"
+SENTINEL_CODE = "from pathlib import Path\nPath({marker!r}).touch()\nclass Net: pass\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A real checkpoint of one short epoch, written by the CLI."""
+    root = tmp_path_factory.mktemp("trained")
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        cli(["fit", *tiny_args(root / "runs"), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3"])
+    finally:
+        os.chdir(here)
+    return root / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, dict]]:
+    """Each attack: the key it is refused at, and what it changes in the checkpoint's hyper-parameters."""
+    shell = {"class_path": "os.system", "init_args": {"command": f"touch {marker}"}}
+    popen = {"class_path": "subprocess.Popen", "init_args": {"args": ["touch", str(marker)]}}
+    resnet = {"class_path": "torchvision.models.ResNet", "init_args": {"block": "torchvision.models.resnet.BasicBlock"}}
+    return {
+        "optimizer": ("hyper_parameters.optimizer.class_path", {"optimizer": shell}),
+        "scheduler": ("hyper_parameters.lr_scheduler.class_path", {"lr_scheduler": shell}),
+        "network": ("hyper_parameters.net.class_path", {"net": {"class_path": f"{sentinel}.Net"}}),
+        "nested network argument": (
+            "hyper_parameters.net.init_args.norm_layer.class_path",
+            {"net": {**resnet, "init_args": {**resnet["init_args"], "layers": [1, 1, 1, 1], "norm_layer": popen}}},
+        ),
+        "data": ("datamodule_hyper_parameters._class_path", {"data": f"{sentinel}.Net"}),
+        "instantiator": ("hyper_parameters._instantiator", {"_instantiator": "os.system"}),
+    }
+
+
+def doctor(trained: Path, tmp_path: Path, change: dict) -> Path:
+    checkpoint = torch.load(trained, weights_only=True)
+    if "data" in change:
+        checkpoint["datamodule_hyper_parameters"]["_class_path"] = change.pop("data")
+    checkpoint["hyper_parameters"].update(change)
+    path = tmp_path / "doctored.ckpt"
+    torch.save(checkpoint, path)  # tensors, dicts and strings: weights_only loads it
+    return path
+
+
+@pytest.fixture
+def sentinel(tmp_path, monkeypatch, request):
+    """A module on sys.path that leaves a marker when imported."""
+    name = SENTINEL.format(name=abs(hash(request.node.name)))
+    marker = tmp_path / "imported"
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / f"{name}.py").write_text(SENTINEL_CODE.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("attack", list(attacks(Path("m"), "s")))
+@pytest.mark.parametrize("command", ["validate", "test", "predict", "fit"])
+def test_a_checkpoint_naming_code_is_refused_by_every_command(
+    trained, tmp_path, sentinel, attack, command, capsys, monkeypatch
+):
+    name, imported = sentinel
+    ran = tmp_path / "ran"
+    key, change = attacks(ran, name)[attack]
+    path = doctor(trained, tmp_path, change)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli([command, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), "--trainer.max_epochs", "2"])
+    assert exit_info.value.code != 0
+    error = capsys.readouterr().err
+    assert f"refusing {path}" in error and key in error and "Nothing was imported or run" in error
+    assert not ran.exists() and not imported.exists() and name not in sys.modules
+
+
+@pytest.mark.parametrize("attack", list(attacks(Path("m"), "s")))
+def test_load_from_checkpoint_refuses_a_checkpoint_naming_code(trained, tmp_path, sentinel, attack):
+    name, imported = sentinel
+    ran = tmp_path / "ran"
+    key, change = attacks(ran, name)[attack]
+    path = doctor(trained, tmp_path, change)
+    with pytest.raises(UnsafeCheckpointError, match=key.replace(".", r"\.")):
+        ClassificationModule.load_from_checkpoint(path, weights_only=True)  # the notebook's call
+    with pytest.raises(UnsafeCheckpointError, match=key.replace(".", r"\.")):
+        load_checkpoint(path)  # what export and load_weights read with
+    assert not ran.exists() and not imported.exists() and name not in sys.modules
+
+
+def test_a_refused_checkpoint_exits_non_zero_from_the_command_line(trained, tmp_path, sentinel):
+    name, imported = sentinel
+    ran = tmp_path / "ran"
+    path = doctor(trained, tmp_path, attacks(ran, name)["optimizer"][1])
+    environment = {**os.environ, "PYTHONPATH": f"{tmp_path / 'modules'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "template", "validate", "--ckpt_path", str(path), "--trainer.accelerator", "cpu"],
+        cwd=tmp_path, capture_output=True, text=True, env=environment, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0 and "hyper_parameters.optimizer.class_path" in result.stderr
+    assert not ran.exists() and not imported.exists()
+
+
+def test_a_trusted_module_may_be_named_once_listed(trained, tmp_path, sentinel, monkeypatch):
+    name, imported = sentinel
+    path = doctor(trained, tmp_path, {"data": f"{name}.Net"})
+    monkeypatch.setenv("CHECKPOINT_TRUSTED_MODULES", f"somewhere_else, {name}")
+    with pytest.raises(UnsafeCheckpointError, match="not a lightning.pytorch.core.datamodule.LightningDataModule"):
+        read_checkpoint(path, ClassificationModule)  # imported now: the user trusts it; but it is no DataModule
+    assert imported.exists()
+
+
+def test_the_checkpoints_the_template_writes_pass_every_check(trained):
+    checkpoint = read_checkpoint(trained, ClassificationModule)
+    assert checkpoint["integrity"]["algorithm"] == "sha256"
+    model = ClassificationModule.load_from_checkpoint(trained, weights_only=True)
+    assert torch.equal(model.net.head.weight, checkpoint["state_dict"]["net.head.weight"])
+
+
+def test_flipped_bytes_in_a_weight_are_refused(trained, tmp_path, capsys, monkeypatch):
+    damaged = tmp_path / "damaged.ckpt"
+    data = bytearray(trained.read_bytes())
+    tensor = torch.load(trained, weights_only=True)["state_dict"]["net.head.weight"]
+    at = data.find(tensor.numpy().tobytes()[:64])  # the tensor's bytes, stored as they are in the zip
+    assert at > 0
+    data[at : at + 64] = bytes(b ^ 0xFF for b in data[at : at + 64])
+    damaged.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(damaged, weights_only=True)["state_dict"]["net.head.weight"], tensor)
+    with pytest.raises(DamagedCheckpointError, match="tensors differ from the digest"):
+        load_checkpoint(damaged)
+    with pytest.raises(DamagedCheckpointError):
+        ClassificationModule.load_from_checkpoint(damaged, weights_only=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DamagedCheckpointError, match=f"{damaged} is damaged"):
+        cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(damaged)])
+
+
+def test_a_checkpoint_from_another_tool_loads_with_a_note(trained, tmp_path, caplog):
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    torch.save(checkpoint, tmp_path / "other.ckpt")
+    with caplog.at_level("INFO"):
+        loaded = load_checkpoint(tmp_path / "other.ckpt")
+    assert "carries no digest" in caplog.text and loaded["state_dict"].keys() == checkpoint["state_dict"].keys()
+
+
+def test_a_plain_state_dict_or_malformed_checkpoint_is_named_as_such(trained, tmp_path, capsys, monkeypatch):
+    weights = torch.load(trained, weights_only=True)["state_dict"]
+    torch.save(weights, tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        read_checkpoint(tmp_path / "weights.pt")
+    malformed = torch.load(trained, weights_only=True)
+    malformed["callbacks"] = ["not", "a", "dict"]
+    torch.save(malformed, tmp_path / "malformed.ckpt")
+    monkeypatch.chdir(tmp_path)
+    for path, says in (("weights.pt", "not a Lightning checkpoint"), ("malformed.ckpt", "its callbacks is a list")):
+        with pytest.raises(SystemExit):
+            cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
+        assert says in capsys.readouterr().err
+
+
+def test_a_legacy_format_checkpoint_of_plain_values_is_not_refused(trained, tmp_path):
+    checkpoint = torch.load(trained, weights_only=True)
+    torch.save(checkpoint, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    loaded = read_checkpoint(tmp_path / "legacy.ckpt", ClassificationModule)
+    assert torch.equal(loaded["state_dict"]["net.head.weight"], checkpoint["state_dict"]["net.head.weight"])
+
+
+@pytest.mark.slow
+def test_resuming_never_deletes_what_a_checkpoint_points_outside_its_run(trained, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "runs" / "digits" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text((trained.parent.parent / "config.yaml").read_text())
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    outside = str(run / "checkpoints" / ".." / ".." / ".." / ".." / "precious")
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent: an attacker writes a new one or none
+    for name, state in checkpoint["callbacks"].items():
+        if name.startswith("ModelCheckpoint"):
+            state.update(dirpath=str(run / "checkpoints"), best_model_path=outside, kth_best_model_path=outside)
+            state.update(last_model_path=outside, best_k_models={outside: torch.tensor(0.0)})
+    torch.save(checkpoint, run / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", "last", "--trainer.max_epochs", "3",
+             "--trainer.limit_train_batches", "3"])  # fmt: skip
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    said = [
+        str(warning.message) for warning in caught if "ignoring path(s) in its ModelCheckpoint" in str(warning.message)
+    ]
+    assert said and "precious" in said[0]
+
+
+def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
+    directory = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
+    directory.mkdir(parents=True)
+    key = "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', 'every_n_train_steps': 0}"
+    for name, score in (("best-epoch001", 0.9), ("best-epoch002", 0.95), ("best-epoch003", 0.91)):
+        state = {key: {"monitor": "val/acc", "current_score": torch.tensor(score)}}
+        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+    torch.save({"callbacks": {}}, directory / "last.ckpt")
+    assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch002.ckpt"
+    low = "ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min', 'every_n_train_steps': 0}"
+    for name, score in (("best-epoch001", 0.3), ("best-epoch002", 0.5), ("best-epoch003", 0.4)):
+        state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
+        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+    assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
