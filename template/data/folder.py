@@ -1,13 +1,11 @@
 """Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
 
-import json
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
@@ -18,7 +16,8 @@ from template.data.base import (
     channel_stats,
     stratified_split,
 )
-from template.data.cache import decode, decode_all, fingerprint, load_or_build
+from template.data.cache import decode, load_or_build, load_or_check
+from template.data.images import open_image
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 
@@ -49,9 +48,7 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with Image.open(self.files[index]) as image:
-            image = image.convert(self.mode)
-        return self.transform(image), self.labels[index]
+        return self.transform(open_image(self.files[index], self.mode)), self.labels[index]
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -149,19 +146,10 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
         """Unreadable files of one source folder: from the cache build, or from one checking pass."""
-        if self.cache:
-            images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
-            self._arrays[split] = images
-            return invalid
-        record = self.cache_dir / f"{split}-{fingerprint(files, {'check': self.mode})}.check.json"
-        if record.is_file():  # this exact file list was checked before
-            return {int(index): reason for index, reason in json.loads(record.read_text()).items()}
-        description = f"checking {split} ({len(files)} files)"
-        invalid = {
-            i: error for i, _, error in decode_all(files, (8, 8), self.mode, self.num_workers, description) if error
-        }
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(invalid))
+        if not self.cache:
+            return load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
+        images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
+        self._arrays[split] = images
         return invalid
 
     def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
