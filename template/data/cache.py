@@ -2,22 +2,27 @@
 
 Later runs open the array in milliseconds and index whole batches from it. The cache is
 keyed by a fingerprint of the file list, sizes, modification times and the resize
-settings, so a changed dataset is never served stale; it is written to a temporary file
-and renamed into place, with its JSON record written last, so an interrupted build is
-never trusted.
+settings, so a changed dataset is never served stale. Every file is written to a
+temporary file and renamed into place, the JSON record last, so an interrupted build is
+never trusted; a damaged one (a truncated array, a changed payload, a broken record) is
+found on opening, named in a warning and rebuilt.
 """
 
 import hashlib
 import json
 import os
+import zlib
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image, ImageOps
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-CACHE_VERSION = 1
+from template.data.images import open_image
+
+CACHE_VERSION = 2  # 2: images.open_image (EXIF orientation, 16-bit scaling) and a payload checksum
 
 
 def fingerprint(files: list[Path], settings: dict) -> str:
@@ -29,13 +34,34 @@ def fingerprint(files: list[Path], settings: dict) -> str:
     return digest.hexdigest()[:24]
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never part of one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
+    try:
+        with open(temporary, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename, which is what makes it trusted
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def checksum(images: np.ndarray) -> str:
+    """A digest of the pixels, recorded at build and compared on opening.
+
+    crc32 finds damage (a zeroed or rewritten payload), not tampering, and is the fastest
+    check at hand: opening a 154 MB cache that is in the page cache takes ~55 ms with it
+    instead of under 1 ms (2-core AMD EPYC; hashing alone: crc32 37 ms, sha1 83, md5 203).
+    From a cold disk the read dominates, and it loads pages that training reads anyway.
+    """
+    return f"crc32:{zlib.crc32(memoryview(images.reshape(-1))):08x}"
+
+
 def decode(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
-    """One image as uint8 (C, H, W): converted to ``mode`` (grey, RGBA and palette images included),
+    """One image as uint8 (C, H, W): opened by ``open_image`` (upright, 8-bit, in ``mode``),
     resized to cover ``size`` and centre-cropped, so the aspect ratio is kept."""
-    with Image.open(path) as image:
-        image.load()  # decodes it all: a truncated file fails here, not later in training
-        image = image.convert(mode)
-    image = ImageOps.fit(image, (size[1], size[0]), Image.Resampling.BILINEAR)
+    image = ImageOps.fit(open_image(path, mode), (size[1], size[0]), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.uint8)
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
@@ -73,24 +99,64 @@ def decode_all(files: list[Path], size: tuple[int, int], mode: str, workers: int
                 progress.update(task, completed=done, rate=done / (progress.tasks[task].elapsed or 1e-9))
 
 
+def read_record(path: Path) -> dict:
+    """A JSON record of the cache; ValueError names the file when it is not one."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # a missing file, a cut-off write, bytes that are not text
+        raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a {type(record).__name__}, not a record")
+    return record
+
+
+def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
+    """The {index: reason} of unreadable files recorded in ``path``, checked against ``count`` files."""
+    if not isinstance(entries, dict) or not all(
+        index.isdigit() and int(index) < count and isinstance(reason, str) for index, reason in entries.items()
+    ):
+        raise ValueError(f"{path} does not list unreadable files as {{index below {count}: reason}}")
+    return {int(index): reason for index, reason in entries.items()}
+
+
+def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, str]]:
+    """The cached array and its unreadable files, each checked; ValueError says which file is wrong and how."""
+    record = read_record(record_path)
+    missing = {"shape", "checksum", "invalid"} - record.keys()
+    if missing:
+        raise ValueError(f"{record_path} lacks {', '.join(sorted(missing))}")
+    if record["shape"] != list(shape):
+        raise ValueError(f"{record_path} records the shape {record['shape']}, not {list(shape)}")
+    invalid = invalid_files(record["invalid"], shape[0], record_path)
+    try:
+        images = np.load(array_path, mmap_mode="r")
+    except (OSError, ValueError) as error:  # a truncated array: "mmap length is greater than file size"
+        raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error
+    if images.shape != shape or images.dtype != np.uint8:
+        raise ValueError(f"{array_path} holds {images.dtype} {list(images.shape)}, not uint8 {list(shape)}")
+    if checksum(images) != record["checksum"]:
+        raise ValueError(f"{array_path} does not match the checksum in {record_path}: its pixels changed")
+    return images, invalid
+
+
 def load_or_build(
     files: list[Path], size: tuple[int, int], mode: str, cache_dir: Path, workers: int, name: str
 ) -> tuple[np.ndarray, dict[int, str]]:
     """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}).
 
-    Opens the cache when its fingerprint matches; otherwise decodes every file once and
-    writes it atomically.
+    Opens the cache when its fingerprint matches and it is whole; otherwise decodes every
+    file once and writes it atomically.
     """
     key = fingerprint(files, {"size": list(size), "mode": mode})
     cache_dir.mkdir(parents=True, exist_ok=True)
     array_path, record_path = cache_dir / f"{name}-{key}.npy", cache_dir / f"{name}-{key}.json"
     channels = 1 if mode == "L" else 3
     shape = (len(files), channels, *size)
-    if record_path.is_file() and array_path.is_file():
-        record = json.loads(record_path.read_text())
-        images = np.load(array_path, mmap_mode="r")
-        if list(images.shape) == record["shape"] == list(shape):
-            return images, {int(index): reason for index, reason in record["invalid"].items()}
+    if array_path.exists() or record_path.exists():
+        try:
+            return open_cache(array_path, record_path, shape)
+        except ValueError as damage:
+            rank_zero_warn(f"the image cache of {name} is incomplete or damaged, so it is rebuilt: {damage}")
 
     temporary = cache_dir / f".{array_path.name}.{os.getpid()}.tmp"
     invalid: dict[int, str] = {}
@@ -101,6 +167,7 @@ def load_or_build(
                 images[index] = array
             else:
                 invalid[index] = error
+        digest = checksum(images)
         images.flush()
         del images
         with open(temporary, "rb+") as file:
@@ -109,10 +176,27 @@ def load_or_build(
     finally:
         temporary.unlink(missing_ok=True)
     # The record goes last: only an array with a record is ever trusted.
-    record = {"shape": list(shape), "files": [str(path) for path in files], "invalid": invalid}
-    temporary_record = record_path.with_name(f".{record_path.name}.{os.getpid()}.tmp")
-    temporary_record.write_text(json.dumps(record))
-    os.replace(temporary_record, record_path)
+    record = {"shape": list(shape), "checksum": digest, "files": [str(path) for path in files], "invalid": invalid}
+    write_atomic(record_path, json.dumps(record))
     size_mb = array_path.stat().st_size / 1e6
     print(f"cached {len(files)} images of {name} in {array_path} ({size_mb:.1f} MB); later runs open it at once")
     return np.load(array_path, mmap_mode="r"), invalid
+
+
+def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, name: str) -> dict[int, str]:
+    """The unreadable files among ``files`` ({index: reason}) for the streaming path.
+
+    Every file is decoded once (small) and the answer recorded, keyed like the cache, so
+    later runs with the same files start at once.
+    """
+    record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
+    if record.exists():
+        try:
+            return invalid_files(read_record(record), len(files), record)
+        except ValueError as damage:
+            rank_zero_warn(f"the check record of {name} is damaged, so the files are checked again: {damage}")
+    description = f"checking {name} ({len(files)} files)"
+    invalid = {i: error for i, _, error in decode_all(files, (8, 8), mode, workers, description) if error}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(record, json.dumps(invalid))
+    return invalid

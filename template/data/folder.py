@@ -1,13 +1,11 @@
 """Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
 
-import json
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
@@ -18,19 +16,30 @@ from template.data.base import (
     channel_stats,
     stratified_split,
 )
-from template.data.cache import decode, decode_all, fingerprint, load_or_build
+from template.data.cache import decode, load_or_build, load_or_check
+from template.data.images import open_image
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 
 
+def list_files(folder: Path) -> list[Path]:
+    """Sorted files under ``folder``, hidden ones left out; symlinks that lead to no file are named in a warning."""
+    paths = [p for p in folder.rglob("*") if not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+    skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
+    skipped += [f"{p} (a link to a folder: not followed)" for p in paths if p.is_symlink() and p.is_dir()]
+    if skipped:
+        rank_zero_warn(describe(skipped, f"symlink(s) left out of {folder}; fix or remove them to silence this"))
+    return sorted(p for p in paths if p.is_file())
+
+
 def list_class_folders(folder: Path) -> dict[str, list[Path]]:
     """{class name: sorted files} of ``folder/<class>/*``; hidden files and folders are ignored."""
-    classes = {}
-    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        classes[class_dir.name] = sorted(
-            p for p in class_dir.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts)
-        )
-    return classes
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    broken = [f"{p} (dangling, or a loop)" for p in entries if p.is_symlink() and not p.exists()]
+    if broken:  # a linked class folder that moved away: its class would be missing without a word
+        rank_zero_warn(describe(broken, f"symlink(s) left out of {folder}; fix or remove them to silence this"))
+    class_dirs = sorted(p for p in entries if p.is_dir())
+    return {class_dir.name: list_files(class_dir) for class_dir in class_dirs}
 
 
 def describe(paths: list[str], what: str) -> str:
@@ -49,9 +58,7 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with Image.open(self.files[index]) as image:
-            image = image.convert(self.mode)
-        return self.transform(image), self.labels[index]
+        return self.transform(open_image(self.files[index], self.mode)), self.labels[index]
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -79,7 +86,7 @@ class ImageFolderDataModule(ImageDataModule):
         mean: per-channel mean in [0, 1]; computed from the training split when not given.
         std: per-channel standard deviation, likewise.
         skip_invalid: leave out unreadable files (counted and named in a warning) instead
-            of stopping with an error that names them.
+            of stopping with an error that names them; a class left with none is an error.
         predict_path: a folder (searched recursively) or a list of image files for ``predict``.
         crop_padding: reflect padding of the random crop (cached path).
         hflip: mirror training images at random.
@@ -138,6 +145,11 @@ class ImageFolderDataModule(ImageDataModule):
                  for name, files in classes.items() if not files]  # fmt: skip
         if empty:
             raise ValueError(describe(empty, "empty class folder(s); remove them or add images"))
+        if len(folders["train"]) == 1:  # else it fails later, deep in the metrics
+            raise ValueError(
+                f"{train} has only one class folder ({next(iter(folders['train']))}): a classifier needs at least "
+                f"two classes; add a folder of images for each other class to {train}"
+            )
         for split in ("val", "test"):
             unknown = sorted(set(folders.get(split, {})) - set(folders["train"]))
             if unknown:
@@ -149,19 +161,10 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
         """Unreadable files of one source folder: from the cache build, or from one checking pass."""
-        if self.cache:
-            images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
-            self._arrays[split] = images
-            return invalid
-        record = self.cache_dir / f"{split}-{fingerprint(files, {'check': self.mode})}.check.json"
-        if record.is_file():  # this exact file list was checked before
-            return {int(index): reason for index, reason in json.loads(record.read_text()).items()}
-        description = f"checking {split} ({len(files)} files)"
-        invalid = {
-            i: error for i, _, error in decode_all(files, (8, 8), self.mode, self.num_workers, description) if error
-        }
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(invalid))
+        if not self.cache:
+            return load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
+        images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
+        self._arrays[split] = images
         return invalid
 
     def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
@@ -178,8 +181,22 @@ class ImageFolderDataModule(ImageDataModule):
                     )
                 rank_zero_warn(describe(named, f"unreadable file(s) left out of {split} (skip_invalid)"))
             keep = np.array([index for index in range(len(files)) if index not in invalid], dtype=np.int64)
+            self._check_every_class_kept(split, labels[keep])
             self._sources[split] = (files, labels, keep)
         return self._sources[split]
+
+    def _check_every_class_kept(self, split: str, labels: np.ndarray) -> None:
+        """With skip_invalid, a class whose files are all unreadable would vanish from the split without a word."""
+        if split == "predict":
+            return
+        counts = np.bincount(labels, minlength=self.num_classes)
+        lost = [f"{name} ({self.root / split / name})" for name in self.folders[split]
+                if counts[self.class_names.index(name)] == 0]  # fmt: skip
+        if lost:
+            raise ValueError(
+                describe(lost, f"class(es) in {split}/ with no readable image left (skip_invalid)")
+                + "\nReplace their files with readable images, or remove the folder to drop the class."
+            )
 
     def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
         if split == "predict":
@@ -187,7 +204,8 @@ class ImageFolderDataModule(ImageDataModule):
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if split not in self.folders:
             raise FileNotFoundError(
-                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/*"
+                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/<image "
+                "files>; add one, or use validate to evaluate on the validation split"
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]
@@ -201,11 +219,16 @@ class ImageFolderDataModule(ImageDataModule):
         files = []
         for path in map(Path, paths):
             if path.is_dir():
-                files += sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+                found = list_files(path)
+                if not found:
+                    raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
+                files += found
             elif path.is_file():
                 files.append(path)
             else:
-                raise FileNotFoundError(f"data.predict_path: {path} does not exist")
+                raise FileNotFoundError(
+                    f"data.predict_path: {path} does not exist; set it to a folder of images or a list of image files"
+                )
         return files
 
     def load_split(self, split: str) -> Split:

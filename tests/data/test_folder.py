@@ -1,9 +1,11 @@
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import write_image_folder
 from PIL import Image
 
 from template.data import ImageFolderDataModule
@@ -155,3 +157,54 @@ def test_layout_problems_are_named(tmp_path):
     Image.new("RGB", (4, 4)).save(tmp_path / "test" / "emu" / "a.png")
     with pytest.raises(ValueError, match="test/ has class folder.*that train/ lacks: emu"):
         ImageFolderDataModule(str(tmp_path))
+
+
+def test_broken_and_folder_symlinks_are_named_and_left_out(image_folder, tmp_path):
+    cat = image_folder / "train" / "cat"
+    (cat / "gone.png").symlink_to(tmp_path / "nowhere.png")  # dangling: its target was moved away
+    (cat / "loop.png").symlink_to(cat / "loop.png")
+    (cat / "more").symlink_to(image_folder / "test" / "cat", target_is_directory=True)
+    (image_folder / "train" / "emu").symlink_to(tmp_path / "moved")  # a whole class folder moved away
+    with pytest.warns(UserWarning, match=r"3 symlink\(s\) left out") as warned:
+        data = module(image_folder, tmp_path)
+    message = "\n".join(str(warning.message) for warning in warned)
+    assert f"{cat / 'gone.png'} (dangling, or a loop)" in message and f"{cat / 'loop.png'} (dangling" in message
+    assert f"{cat / 'more'} (a link to a folder" in message
+    assert f"{image_folder / 'train' / 'emu'} (dangling, or a loop)" in message
+    assert len(data.folders["train"]["cat"]) == 12 and data.class_names == ["cat", "dog", "owl"]
+
+
+def test_a_dataset_inside_a_hidden_folder_is_read(tmp_path):
+    # Hidden names are skipped inside class folders only: ~/.cache/datasets is a fine home for one.
+    root = write_image_folder(tmp_path / ".datasets" / "images", classes=("a", "b"), per_class=2)
+    assert len(module(root, tmp_path).folders["train"]["a"]) == 2
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_skip_invalid_refuses_a_class_left_without_readable_images(image_folder, tmp_path, cache):
+    (image_folder / "train" / "emu").mkdir()
+    (image_folder / "train" / "emu" / "photo.jpg").write_bytes(b"not an image")
+    data = module(image_folder, tmp_path, cache=cache, skip_invalid=True)
+    with pytest.warns(UserWarning, match="1 unreadable file"), pytest.raises(ValueError) as error:
+        data.setup("fit")
+    assert f"emu ({image_folder / 'train' / 'emu'})" in str(error.value) and "remove the folder" in str(error.value)
+
+
+def test_a_single_class_is_refused_before_training(tmp_path):
+    root = write_image_folder(tmp_path / "images", classes=("cat",), per_class=2)
+    with pytest.raises(ValueError, match=r"only one class folder \(cat\).*at least two"):
+        module(root, tmp_path)
+
+
+def test_missing_test_images_and_predict_images_say_what_to_do(image_folder, tmp_path):
+    shutil.rmtree(image_folder / "test")
+    with pytest.raises(FileNotFoundError, match=r"no test/ folder in .*test/<class>/.*validate"):
+        module(image_folder, tmp_path).setup("test")
+    with pytest.raises(ValueError, match="predict needs images: set data.*predict_path to a folder"):
+        module(image_folder, tmp_path).setup("predict")
+    missing = tmp_path / "missing"
+    with pytest.raises(FileNotFoundError, match=f"predict_path: {missing} does not exist; set it to a folder"):
+        module(image_folder, tmp_path, predict_path=str(missing)).setup("predict")
+    missing.mkdir()
+    with pytest.raises(ValueError, match=f"predict_path: {missing} holds no files"):
+        module(image_folder, tmp_path, predict_path=str(missing)).setup("predict")

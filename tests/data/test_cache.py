@@ -1,0 +1,95 @@
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from template.data import ImageFolderDataModule
+
+
+def build(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
+    data = ImageFolderDataModule(str(root), image_size=16, batch_size=8, num_workers=0,
+                                 cache_dir=str(tmp_path / "cache"), **kwargs)  # fmt: skip
+    data.setup("fit")
+    return data
+
+
+# Each damages one file of a built cache, the way a full disk, a crash or a stray tool might, and returns it.
+def truncated_array(array: Path, record: Path) -> Path:
+    array.write_bytes(array.read_bytes()[:1000])
+    return array
+
+
+def record_not_json(array: Path, record: Path) -> Path:
+    record.write_text(record.read_text()[:20])  # cut off mid-write
+    return record
+
+
+def record_without_keys(array: Path, record: Path) -> Path:
+    record.write_text(json.dumps({"shape": json.loads(record.read_text())["shape"]}))
+    return record
+
+
+def array_of_another_shape(array: Path, record: Path) -> Path:
+    np.save(array, np.load(array)[:-1])  # one image short of the record
+    return array
+
+
+def payload_zeroed(array: Path, record: Path) -> Path:
+    np.lib.format.open_memmap(array, mode="r+")[:] = 0  # the right size, the wrong pixels
+    return array
+
+
+@pytest.mark.parametrize(
+    "damage", [truncated_array, record_not_json, record_without_keys, array_of_another_shape, payload_zeroed]
+)
+def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(image_folder, tmp_path, damage, capsys):
+    expected = build(image_folder, tmp_path).datasets["train"].images.clone()
+    cache = tmp_path / "cache"
+    damaged = damage(next(cache.glob("train-*.npy")), next(cache.glob("train-*.json")))
+    capsys.readouterr()
+
+    with pytest.warns(UserWarning, match=re.escape(str(damaged))):
+        rebuilt = build(image_folder, tmp_path)
+    assert "cached 36 images of train" in capsys.readouterr().out
+    assert torch.equal(rebuilt.datasets["train"].images, expected)
+    build(image_folder, tmp_path)
+    assert "cached" not in capsys.readouterr().out  # the rebuilt cache is trusted again
+
+
+@pytest.mark.parametrize(
+    "content", ['{"0": "OSError: cut o', "[3]", '{"999": "beyond the 37 files"}'], ids=["cut", "list", "range"]
+)
+def test_a_damaged_check_record_is_rebuilt_with_a_warning_naming_it(image_folder, tmp_path, content):
+    bad = image_folder / "train" / "cat" / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.warns(UserWarning, match="1 unreadable file"):
+        build(image_folder, tmp_path, cache=False, skip_invalid=True)
+    record = next((tmp_path / "cache").glob("train-*.check.json"))
+    record.write_text(content)
+
+    with pytest.warns(UserWarning, match=re.escape(str(record))):
+        data = build(image_folder, tmp_path, cache=False, skip_invalid=True)
+    used = data.split_files["train"] + data.split_files["val"]
+    assert len(used) == 36 and bad not in used  # checked again: the unreadable file is still left out
+
+
+def test_every_cache_file_arrives_whole_by_a_rename(image_folder, tmp_path, monkeypatch):
+    # A reader (a later run, another rank) sees the old file or the new one, never half of one.
+    renamed = []
+    replace = os.replace
+
+    def recorded_replace(source, target):
+        renamed.append((Path(source), Path(target)))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    build(image_folder, tmp_path, cache=True)
+    build(image_folder, tmp_path, cache=False)
+    written = sorted((tmp_path / "cache").iterdir())
+    assert sorted(path.name.split(".", 1)[1] for path in written) == ["check.json", "json", "npy"]
+    assert written == sorted(target for _, target in renamed)
+    assert all(source.parent == target.parent for source, target in renamed)  # one file system: an atomic rename

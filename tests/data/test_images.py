@@ -1,0 +1,51 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_image_folder
+from PIL import Image
+
+from template.data import ImageFolderDataModule
+
+
+def decoded(root: Path, tmp_path: Path, path: Path, cache: bool, **kwargs) -> torch.Tensor:
+    """The test-split image of ``path`` as the model gets it, before normalisation: float (C, H, W) in [0, 255]."""
+    data = ImageFolderDataModule(str(root), batch_size=2, num_workers=0, cache=cache, cache_dir=str(tmp_path / "cache"),
+                                 **kwargs)  # fmt: skip
+    data.setup("test")  # the test split is resized and centre-cropped, never randomly augmented, on both paths
+    image, _ = data.datasets["test"][data.split_files["test"].index(path)]
+    return image.float() if cache else image * 255  # cached: uint8; streamed: float in [0, 1]
+
+
+def folder_with(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """Two small classes to train on, and test/a/``name`` for the image under test."""
+    root = write_image_folder(tmp_path / "images", classes=("a", "b"), per_class=2, splits=("train", "val", "test"))
+    return root, root / "test" / "a" / name
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "streamed"])
+@pytest.mark.parametrize("channels", ["rgb", "grayscale"])
+def test_a_16_bit_png_keeps_its_gradient_instead_of_saturating(tmp_path, cache, channels):
+    root, path = folder_with(tmp_path, "depth16.png")
+    gradient = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (8, 1))  # (H, W) = (8, 64), dark to bright
+    Image.fromarray(gradient).save(path)
+    assert Image.open(path).mode.startswith("I")  # really stored with 16 bits
+
+    image = decoded(root, tmp_path, path, cache, image_size=(8, 64), channels=channels)  # the file's own size
+    expected = torch.from_numpy(gradient // 256).float()  # the top 8 of the 16 bits
+    assert (image - expected).abs().max() <= 1  # not 255 from the second column on, as 16-bit values clip
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "streamed"])
+@pytest.mark.parametrize("suffix", ["jpg", "png"])
+def test_the_exif_orientation_is_applied(tmp_path, cache, suffix):
+    root, path = folder_with(tmp_path, f"phone.{suffix}")
+    stored = Image.new("RGB", (30, 10))  # W x H as the sensor stored it: landscape
+    stored.paste((255, 255, 255), (0, 0, 10, 10))  # a white left third
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    stored.save(path, exif=exif)
+
+    image = decoded(root, tmp_path, path, cache, image_size=(30, 10))  # (H, W): upright, portrait
+    assert image[:, :8].mean() > 200 and image[:, 12:].mean() < 30  # the white third is now on top
