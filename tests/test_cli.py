@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
-from template.cli import cli, without_data_options
+from template.cli import cli, main, without_data_options
 from template.nets import ResNet18
 from template.profiler import NoProfiler
 
@@ -187,3 +188,45 @@ def test_data_options_are_set_aside_with_their_values_whatever_their_form():
         "1",
     ]
     assert without_data_options(argv) == ["test", "--ckpt_path", "x", "--datax", "1"]
+
+
+def mistakes(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Ordinary mistakes: the command line, and what its one message must say."""
+    no_test = write_image_folder(tmp_path / "no_test", splits=("train",))
+    empty = write_image_folder(tmp_path / "empty_class", splits=("train",))
+    (empty / "train" / "zebra").mkdir(exist_ok=True)
+    one_class = write_image_folder(tmp_path / "one_class", classes=("cat",), per_class=20, splits=("train",))
+    unreadable = write_image_folder(tmp_path / "unreadable", splits=("train",))
+    (unreadable / "train" / "cat" / "broken.jpg").write_bytes(b"not an image")
+    (tmp_path / "file").write_text("a file where the runs directory should be")
+    folder = ["--config", str(REPO / "configs" / "imagefolder.yaml"), "--data.num_workers", "0", "--data.root"]
+    cache = ["--data.cache_dir", str(tmp_path / "cache")]
+    return {
+        "no test folder": (["test", *folder, str(no_test), *cache], "no test/ folder"),
+        "no predict_path": (["predict", *folder, str(no_test), *cache], "predict needs images"),
+        "an empty class folder": (["fit", *folder, str(empty), *cache], "empty class folder"),
+        "a single class": (["fit", *folder, str(one_class), *cache], "only one class folder"),
+        "an unreadable image": (["fit", *folder, str(unreadable), *cache], "broken.jpg"),
+        "runs directory not writable": (
+            ["fit", "--trainer.logger.init_args.save_dir", str(tmp_path / "file")],
+            "Not a directory",
+        ),
+    }
+
+
+@pytest.mark.slow
+def test_ordinary_mistakes_end_in_one_message_and_leave_no_run_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.accelerator", "cpu"]
+    for mistake, (args, says) in mistakes(tmp_path).items():
+        with pytest.raises(SystemExit) as exit_info:
+            main([*args, *quiet])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 1, mistake
+        assert says in error and "Traceback" not in error and "Union subtypes" not in error, (mistake, error)
+        assert "TRACEBACK=1 shows the traceback" in error
+        assert not (tmp_path / "runs").exists(), mistake  # no empty run directory left behind
+    monkeypatch.setenv("TRACEBACK", "1")  # the switch for the whole story
+    args, _ = mistakes(tmp_path)["no test folder"]
+    with pytest.raises(FileNotFoundError, match="no test/ folder"):
+        main([*args, *quiet])

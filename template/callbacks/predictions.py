@@ -8,8 +8,16 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 
+def spreadsheet_safe(cell: str) -> str:
+    """A text cell a spreadsheet shows as text: one starting with = + - @ (or a tab or carriage return)
+    would be run as a formula (CSV injection), so it gets a leading apostrophe, as spreadsheets expect."""
+    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@", "\t", "\r") else cell
+
+
 class PredictionWriter(BasePredictionWriter):
-    """Saves one row per predicted image: its id, the top class name and probability, and the top k.
+    """Saves one row per predicted image: its id, the top class name and probability, then the class
+    and probability of each next most probable class, each in a column of its own (class names may
+    hold any character). Text cells are written so that a spreadsheet never runs them as formulas.
 
     Args:
         filename: name of the CSV inside the run directory.
@@ -35,13 +43,19 @@ class PredictionWriter(BasePredictionWriter):
         name = self.filename if trainer.world_size == 1 else f"{Path(self.filename).stem}-rank{trainer.global_rank}.csv"
         path = Path(trainer.log_dir or ".") / name
         path.parent.mkdir(parents=True, exist_ok=True)
+        ranks = range(2, top_class.shape[1] + 1)  # the most probable class is class_name itself
+        header = [
+            "sample",
+            "class_name",
+            "probability",
+            *(f"top{r}_{c}" for r in ranks for c in ("class", "probability")),
+        ]
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(["sample", "class_name", "probability", f"top{self.top_k}"])
+            writer.writerow(header)
             for row, index in enumerate(indices):
-                top = ";".join(
-                    f"{class_names[k]}:{p:.4f}" for k, p in zip(top_class[row].tolist(), top_p[row].tolist())
-                )
-                sample = sample_ids[index] if sample_ids is not None else index
-                writer.writerow([sample, class_names[top_class[row, 0]], f"{top_p[row, 0]:.6f}", top])
+                cells = [str(sample_ids[index] if sample_ids is not None else index)]
+                for k, p in zip(top_class[row].tolist(), top_p[row].tolist()):
+                    cells += [class_names[k], f"{p:.6f}"]
+                writer.writerow([spreadsheet_safe(cell) for cell in cells])
         print(f"Wrote {len(indices)} predictions to {path}")

@@ -4,6 +4,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -77,3 +78,27 @@ class RunRecord(SaveConfigCallback):
             number += 1
             path = run_dir / f"env-{number}.json"
         path.write_text(json.dumps(environment_record(trainer), indent=2) + "\n")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A command that failed before it produced anything leaves no run directory behind: remove
+        one that holds only what the start of a run writes. One with a checkpoint, or whose fit took
+        a step (its curves show how it failed), stays."""
+        logger = trainer.logger
+        if not trainer.is_global_zero or logger is None or logger.log_dir is None:  # no collective: rank 0 alone
+            return
+        run_dir = Path(logger.log_dir)
+        started = {"config.yaml", "hparams.yaml", "checkpoints"}
+        names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
+        if (
+            not names
+            or any(name not in started and not name.startswith(("env", "events.out.tfevents.")) for name in names)
+            or any((run_dir / "checkpoints").glob("*"))
+            or (trainer.state.fn == "fit" and trainer.global_step > 0)
+        ):
+            return
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in (run_dir.parent, run_dir.parent.parent):  # runs/<name>, then runs/, if now empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break

@@ -20,5 +20,5 @@ def test_a_nan_on_one_rank_stops_every_rank_without_a_hang(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert result.stderr.count("NonFiniteError") >= 2  # both ranks raised, neither waited forever
+    assert result.stderr.count("error: non-finite") >= 2  # both ranks stopped, neither waited forever
     assert "at global step 12" in result.stderr

@@ -1,7 +1,9 @@
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
+from conftest import write_image_folder
 
 from template.checkpoints import load_checkpoint
 from template.data import ImageFolderDataModule
@@ -10,14 +12,17 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"
 
 
 @pytest.mark.slow
-def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_files(run_cli, image_folder, tmp_path):
+def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_files(run_cli, tmp_path):
+    # Names a spreadsheet would run as a formula, or that a joined top-k column could not be split at.
+    classes = ("cat;tabby", "dog: pug", "=owl")
+    image_folder = write_image_folder(tmp_path / "images", classes=classes, splits=("train", "test"))
     # The acceptance command, `fit --config configs/imagefolder.yaml --data.root DIR`, made small.
     data = ["--config", str(CONFIG), "--data.root", str(image_folder), "--data.image_size", "16",
             "--data.batch_size", "8", "--data.num_workers", "0", "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
     trained = run_cli("fit", *data, "--trainer.max_epochs", "2")
     best = trained.trainer.checkpoint_callback.best_model_path
     assert Path(best).parent.parent.parent.name == "imagefolder"
-    assert load_checkpoint(best)["hyper_parameters"]["class_names"] == ["cat", "dog", "owl"]
+    assert load_checkpoint(best)["hyper_parameters"]["class_names"] == sorted(classes)
 
     # Evaluating needs no data options: the checkpoint's DataModule is the default (the run summary
     # prints `test --ckpt_path` alone). Options given still override it, its own ones too (the
@@ -31,9 +36,19 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"))
     assert isinstance(validated.datamodule, ImageFolderDataModule) and "val/acc" in validated.trainer.callback_metrics
 
+    formula = image_folder / "test" / "=owl" / "=HYPERLINK(1)|x.png"
+    shutil.copy(next((image_folder / "test" / "=owl").glob("*.png")), formula)
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
     predictions = next(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))
     rows = list(csv.DictReader(predictions.open()))
-    assert len(rows) == 36
+    assert len(rows) == 37
     assert {row["sample"] for row in rows} == {str(path) for path in (image_folder / "test").rglob("*.*")}
-    assert {row["class_name"] for row in rows} <= {"cat", "dog", "owl"}
+    safe = {"cat;tabby", "dog: pug", "'=owl"}  # a leading apostrophe: shown as text, never run
+    assert {row["class_name"] for row in rows} <= safe
+    assert all(
+        {row["top2_class"], row["top3_class"]} <= safe and row["class_name"] != row["top2_class"] for row in rows
+    )
+    assert all(
+        float(row["probability"]) >= float(row["top2_probability"]) >= float(row["top3_probability"]) for row in rows
+    )
+    assert not any(cell.startswith(("=", "+", "-", "@")) for row in csv.reader(predictions.open()) for cell in row)
