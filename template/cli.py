@@ -46,18 +46,9 @@ PROGRAM = __package__  # the command's name is the package's: `template fit`, `p
 # Commands besides fit / validate / test / predict, each a module with main(args).
 EXTRA_COMMANDS = {"doctor": f"{PROGRAM}.doctor", "lr-find": f"{PROGRAM}.lr_find", "export": f"{PROGRAM}.export"}
 
-# The defaults of `template fit` with no arguments: the embedded digits on the CPU in
-# well under a minute. configs/default.yaml spells out the same values.
-TRAINER_DEFAULTS = {
-    "max_epochs": 30,
-    "log_every_n_steps": 10,
-    "deterministic": False,
-    "profiler": {"class_path": "template.profiler.NoProfiler"},
-    "logger": {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": DEFAULT_RUNS_DIR, "name": "digits", "default_hp_metric": False},
-    },
-}
+# The recipe's defaults, written once: loaded before any --config file or option.
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 class _NoAdverts(logging.Filter):
@@ -72,42 +63,13 @@ class ClassificationCLI(LightningCLI):
     """LightningCLI with this project's defaults, argument links and run summary."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The best checkpoint by validation accuracy (never by test), and last.ckpt, the
-        # latest state, rewritten every epoch, to resume from. (ModelCheckpoint's own
-        # save_last only copies whichever top-k checkpoint was saved last: not the latest.)
+        # The best checkpoint and last.ckpt; their settings, like every default, are in DEFAULT_CONFIG.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
         parser.add_lightning_class_args(TrainingMonitor, "monitor")
-        parser.set_defaults(
-            {
-                # A list the user may replace (`trainer.callbacks`) or extend (`trainer.callbacks+`).
-                "trainer.callbacks": [{"class_path": "template.callbacks.ThrottledProgressBar"}],
-                "lr_monitor.logging_interval": "step",
-                "checkpoint.monitor": "val/acc",
-                "checkpoint.mode": "max",
-                "checkpoint.filename": "best-epoch{epoch:03d}",
-                "checkpoint.auto_insert_metric_name": False,
-                "last_checkpoint.filename": "last",
-                "last_checkpoint.enable_version_counter": False,  # always last.ckpt, never last-v1.ckpt
-                "data": {"class_path": "template.data.DigitsDataModule"},
-                "model.net": {"class_path": "template.nets.ResNetSmall"},
-                # Keeps the digits default above 0.97 test accuracy whatever the seed (0.98-0.99 on
-                # seeds 1-3 and 42, where 0.0 gave 0.969 on one): it stops the last epochs from
-                # chasing overconfident logits on 1,168 training images.
-                "model.label_smoothing": 0.1,
-                "model.optimizer": {
-                    "class_path": "torch.optim.AdamW",
-                    "init_args": {"lr": 0.003, "weight_decay": 0.05},
-                },
-                "model.lr_scheduler": {
-                    "class_path": "template.module.WarmupCosine",
-                    "init_args": {"warmup_fraction": 0.05},
-                },
-            }
-        )
         # The DataModule knows the classes, channels and image size; the model is told,
         # so they are never stated twice.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -163,6 +125,7 @@ class ClassificationCLI(LightningCLI):
         a run of theirs."""
         recorded = recorded_arguments(checkpoint, ckpt_path, evaluating=subcommand != "fit") if ckpt_path else []
         at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
+        at += 2 if argv[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0  # after the recipe's defaults
         self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
         self.config[subcommand]["ckpt_path"] = ckpt_path
 
@@ -236,6 +199,20 @@ class ClassificationCLI(LightningCLI):
             console.print(line, highlight=False)
 
 
+def with_default_config(argv: list[str], run: bool) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (at the start without
+    one, for cli(run=False)), so that every --config file and option given overrides it."""
+    if not DEFAULT_CONFIG.is_file():
+        raise FileNotFoundError(
+            f"{DEFAULT_CONFIG} is missing: the CLI reads the recipe's defaults from configs/ beside the "
+            "package; run from a clone of the project, installed with pip install -e ."
+        )
+    if not run:
+        return ["--config", str(DEFAULT_CONFIG), *argv]
+    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None)
+    return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
+
+
 def without_data_options(argv: list[str]) -> list[str]:
     """``argv`` less its --data options, each with its value (the next token, or after ``=``)."""
     kept, value_next = [], False
@@ -275,6 +252,7 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
     ``run=False`` parses the options of ``fit`` without a subcommand and only builds the
     model, DataModule and Trainer, for commands such as ``doctor``, named by ``command``.
     """
+    argv = with_default_config(list(sys.argv[1:] if args is None else args), run)
     commands = ",".join(EXTRA_COMMANDS)
     description = f"Train and evaluate image classifiers. Also: {PROGRAM} {{{commands}}} --help"
     with warnings.catch_warnings():
@@ -286,15 +264,14 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
             subclass_mode_data=True,
             # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
             # the checkpoint on pre-emption. Fresh for every run.
-            trainer_defaults={**TRAINER_DEFAULTS, "callbacks": [ResumeState()]},
-            seed_everything_default=42,
+            trainer_defaults={"callbacks": [ResumeState()]},
             auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
             parser_kwargs={"prog": f"{PROGRAM} {command}" if command else PROGRAM, "description": description},
             # config.yaml and env.json in every run directory. A resumed run writes its
             # config.yaml again, into the run directory it continues.
             save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
-            args=args,
+            args=argv,
             run=run,
         )
 

@@ -122,8 +122,21 @@ def print_config(capsys, monkeypatch):
     return printed
 
 
-def test_configs_default_yaml_is_exactly_the_built_in_default(print_config):
-    assert print_config("--config", "configs/default.yaml") == print_config()
+def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_config, tmp_path, monkeypatch):
+    import yaml
+
+    printed = yaml.safe_load(print_config())
+    assert printed["model"]["label_smoothing"] == 0.1 and printed["model"]["optimizer"]["init_args"]["lr"] == 0.003
+    recipe = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    recipe["model"]["optimizer"]["init_args"]["lr"] = 0.5
+    recipe["trainer"]["max_epochs"] = 7
+    (tmp_path / "default.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setattr("template.cli.DEFAULT_CONFIG", tmp_path / "default.yaml")
+    changed = yaml.safe_load(print_config())
+    assert changed["model"]["optimizer"]["init_args"]["lr"] == 0.5 and changed["trainer"]["max_epochs"] == 7
+    # An option given overrides the file; choosing another DataModule takes its own defaults, not the digits'.
+    cifar = yaml.safe_load(print_config("--data", "template.data.CIFAR10DataModule", "--trainer.max_epochs", "3"))
+    assert cifar["data"]["init_args"]["batch_size"] == 512 and cifar["trainer"]["max_epochs"] == 3
 
 
 CONFIG_SETS = [
@@ -133,7 +146,7 @@ CONFIG_SETS = [
     ["configs/default.yaml", "configs/trainer/ddp.yaml"],
     ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
     ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
-    ["configs/default.yaml", "configs/trainer/overfit_batches.yaml"],
+    ["configs/trainer/overfit_batches.yaml"],
 ]
 
 
