@@ -166,12 +166,19 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
+# DataModule arguments that say where to write, what else to read and what to start, not what the
+# data is: a checkpoint's values for them are not used.
+NOT_RECORDED = ("cache_dir", "predict_path", "num_workers", "download")
+
+
 def recorded_datamodule(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
     hyper-parameters LightningCLI saved in it; None when it holds none. For a checkpoint from
     ``read_checkpoint``: the class path is one it may name."""
     hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     hparams.pop("_instantiator", None)
+    for where_and_how in NOT_RECORDED:  # this machine's choices, not the data's: never a stranger's
+        hparams.pop(where_and_how, None)
     class_path = hparams.pop("_class_path", None)
     return {"class_path": class_path, "init_args": hparams} if class_path else None
 

@@ -13,12 +13,13 @@ import hashlib
 import importlib
 import inspect
 import os
+import re
 import sys
 import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -52,92 +53,145 @@ def trusted_modules() -> tuple[str, ...]:
     return TRUSTED_MODULES + tuple(name.strip() for name in listed.split(",") if name.strip())
 
 
-def resolve_class(class_path: Any, key: str, kind: type, source: str) -> type:
-    """The class ``class_path`` names, if it is a subclass of ``kind`` in an imported or trusted module.
+# A dotted path of names: what jsonargparse would import from a string value.
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+# What a class_path dict may hold besides class_path (jsonargparse's own keys).
+CLASS_PATH_KEYS = {"class_path", "init_args", "dict_kwargs", "__path__"}
 
-    Nothing is imported from a module that is neither: importing runs its code.
-    """
 
-    def refuse(why: str) -> typing.NoReturn:
-        raise UnsafeCheckpointError(
-            f"refusing {source}: its {key} names {class_path!r}, {why}. Nothing was imported or run. If you trust "
-            f"this checkpoint and the code it names, list the module in {TRUSTED_MODULES_VARIABLE} (comma-separated)."
-        )
+class Expect(NamedTuple):
+    """What jsonargparse makes of a value given to an argument, read from the argument's type."""
 
-    if not isinstance(class_path, str) or not all(part.isidentifier() for part in class_path.split(".")):
-        refuse("which is not a class path")
-    module_name, _, name = class_path.rpartition(".")
+    imports_strings: bool  # a dotted string there is imported
+    kind: type | tuple[type, ...]  # what a class it names (or a nested class_path) must subclass
+    functions: bool  # a function may stand there (a Callable): accepted from a trusted module only
+
+
+# An argument whose type cannot be read (missing, unresolvable, Any, passed on through **kwargs): every
+# dotted string is checked as an import path, and what it names must be a network layer or a trusted
+# function. Failing closed: jsonargparse may know the type where this cannot.
+UNKNOWN = Expect(True, nn.Module, True)
+PLAIN = Expect(False, nn.Module, False)
+
+
+def refuse(source: str, key: str, value: Any, why: str) -> typing.NoReturn:
+    raise UnsafeCheckpointError(
+        f"refusing {source}: its {key} names {value!r}, {why}. No untrusted module was imported and nothing was "
+        f"called. If you trust this checkpoint and the code it names, list the module in {TRUSTED_MODULES_VARIABLE} "
+        "(comma-separated)."
+    )
+
+
+def resolve(path: Any, key: str, expect: Expect, source: str) -> Any:
+    """The class (or, where a Callable is expected, trusted function) ``path`` names, if it is of the
+    kind ``expect`` asks for and lies in a module already imported or trusted. Nothing is imported
+    from a module that is neither: importing runs its code."""
+    if not isinstance(path, str) or not IMPORT_PATH.match(path):
+        refuse(source, key, path, "which is not a class path")
+    if any(part.startswith("_") for part in path.split(".")):
+        refuse(source, key, path, "a private or __main__ module or object")  # __main__ modules run on import
+    module_name, _, name = path.rpartition(".")
     trusted = any(module_name == root or module_name.startswith(root + ".") for root in trusted_modules())
-    if not module_name or (module_name not in sys.modules and not trusted):
-        refuse(f"from module {module_name or class_path!r}, which is neither imported nor trusted")
+    if module_name not in sys.modules and not trusted:
+        refuse(source, key, path, f"from module {module_name!r}, which is neither imported nor trusted")
     try:
         found = getattr(sys.modules.get(module_name) or importlib.import_module(module_name), name, None)
     except ImportError as error:
-        refuse(f"whose module cannot be imported here ({error})")
-    if not (isinstance(found, type) and issubclass(found, kind)):
-        refuse(f"which is not a {kind.__module__}.{kind.__qualname__} subclass")
-    return found
+        refuse(source, key, path, f"whose module cannot be imported here ({error})")
+    if isinstance(found, type) and issubclass(found, expect.kind):
+        return found
+    if expect.functions and trusted and (inspect.isfunction(found) or inspect.isbuiltin(found)):
+        return found
+    kinds = expect.kind if isinstance(expect.kind, tuple) else (expect.kind,)
+    wanted = " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
+    refuse(source, key, path, f"which is not a {wanted} subclass" + (" nor a trusted function" * expect.functions))
 
 
-def _expected_kind(annotation: Any) -> tuple[bool, type]:
-    """How jsonargparse treats a value typed ``annotation``: whether a string there is resolved as
-    an import path, and the class such a path (or a nested ``class_path``) must then subclass.
-    Where the annotation says nothing narrower, that is ``nn.Module``: never a function, and
-    never an arbitrary class (``subprocess.Popen`` runs a command when instantiated)."""
+def expect(annotation: Any) -> Expect:
+    """How jsonargparse treats a value typed ``annotation`` (see ``Expect``)."""
     origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is inspect.Parameter.empty or annotation is typing.Any or isinstance(annotation, str):
+        return UNKNOWN
+    if origin is typing.Literal or annotation in (type(None), bool, int, float, str, bytes, complex):
+        return PLAIN
     if origin in (typing.Union, types.UnionType):
-        verdicts = [_expected_kind(argument) for argument in arguments if argument is not type(None)]
-        kinds = [kind for resolved, kind in verdicts if resolved and kind is not nn.Module]
-        return any(resolved for resolved, _ in verdicts), kinds[0] if len(kinds) == 1 else nn.Module
-    if origin in (collections.abc.Callable, type):
-        target = arguments[-1] if origin is collections.abc.Callable and arguments else (arguments or [None])[0]
-        return True, _expected_kind(target)[1] if target is not None else nn.Module
-    if origin in (list, tuple, set, collections.abc.Sequence, collections.abc.Iterable):
-        return _expected_kind(arguments[0]) if arguments else (False, nn.Module)
-    if annotation in (collections.abc.Callable, typing.Callable, type):
-        return True, nn.Module
-    if (
-        isinstance(annotation, type)
-        and annotation.__module__ not in ("builtins", "typing", "inspect")
-        and not issubclass(annotation, PurePath | enum.Enum)  # paths and enums are parsed as values
-    ):
-        return True, annotation  # jsonargparse takes a class path string for a class-typed argument
-    return False, nn.Module
+        return merge([expect(argument) for argument in arguments if argument is not type(None)])
+    if origin is type and typing.get_origin(arguments[0]) in (typing.Union, types.UnionType):  # type[A | B]
+        return merge([expect(type[argument]) for argument in typing.get_args(arguments[0])])
+    if origin is collections.abc.Callable or annotation in (collections.abc.Callable, typing.Callable):
+        returned = arguments[-1] if arguments else None
+        return Expect(True, returned if isinstance(returned, type) and returned is not type(None) else nn.Module, True)
+    if origin is type or annotation is type:
+        return Expect(True, arguments[0] if arguments and isinstance(arguments[0], type) else nn.Module, False)
+    if origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+        return expect(arguments[1]) if len(arguments) == 2 else UNKNOWN
+    if origin in (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Iterable):
+        return merge([expect(argument) for argument in arguments if argument is not Ellipsis]) if arguments else UNKNOWN
+    if isinstance(annotation, type):
+        if issubclass(annotation, PurePath | enum.Enum) or annotation.__module__ == "builtins":
+            return PLAIN  # parsed as values
+        return Expect(True, annotation, False)  # jsonargparse takes a class path string for a class-typed argument
+    return UNKNOWN
 
 
-def _annotations(cls: type) -> dict[str, Any]:
+def merge(verdicts: list[Expect]) -> Expect:
+    """What a value of any of several types may be (a Union, or a tuple's elements)."""
+    kinds = [
+        kind for v in verdicts if v.imports_strings for kind in (v.kind if isinstance(v.kind, tuple) else (v.kind,))
+    ]
+    return Expect(
+        any(v.imports_strings for v in verdicts),
+        tuple(dict.fromkeys(kinds)) or nn.Module,
+        any(v.functions for v in verdicts),
+    )
+
+
+def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
+    """The annotation of each argument of ``cls`` (unreadable ones as strings) and whether it takes **kwargs."""
+    parameters = inspect.signature(cls.__init__).parameters
     try:
-        return typing.get_type_hints(cls.__init__)
-    except Exception:  # an annotation that does not resolve here: take what inspect gives
-        return {name: p.annotation for name, p in inspect.signature(cls.__init__).parameters.items()}
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that does not resolve here: UNKNOWN, see expect()
+        hints = {}
+    annotations = {name: hints.get(name, parameter.annotation) for name, parameter in parameters.items()}
+    return annotations, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def check_arguments(cls: type, arguments: Any, key: str, source: str) -> None:
-    """Check every class path in the ``init_args`` of ``cls``, by the type of the argument it is given to."""
+    """Check the arguments of ``cls`` a checkpoint gives, each by the type of its parameter."""
     if not isinstance(arguments, dict):
-        return
-    annotations = _annotations(cls)
+        refuse(source, key, arguments, "where arguments by name belong")
+    annotations, _ = _parameters(cls)
     for name, value in arguments.items():
-        resolves, kind = _expected_kind(annotations.get(name))
-        check_value(value, f"{key}.{name}", kind, resolves, source)
+        check_name(name, key, source)
+        check_value(value, f"{key}.{name}", expect(annotations.get(name, inspect.Parameter.empty)), source)
 
 
-def check_value(value: Any, key: str, kind: type, resolves_strings: bool, source: str) -> None:
-    """Check a value of the checkpoint, anywhere: a ``class_path`` dict must name a ``kind``
-    subclass (any argument of unknown type: an ``nn.Module``), and so must a string where
-    jsonargparse would import it."""
+def check_name(name: Any, key: str, source: str) -> None:
+    if not isinstance(name, str) or "." in name:
+        refuse(source, f"{key} key", name, "not a plain name (jsonargparse reads 'net.class_path' as a path)")
+
+
+def check_value(value: Any, key: str, expected: Expect, source: str) -> None:
+    """Check a value of the checkpoint, anywhere: a ``class_path`` dict, and a dotted string where
+    jsonargparse would import it, must name what ``expected`` allows; containers are checked through."""
     if isinstance(value, dict) and "class_path" in value:
-        cls = resolve_class(value["class_path"], f"{key}.class_path", kind, source)
+        for name in value:
+            if name not in CLASS_PATH_KEYS:
+                refuse(source, f"{key} key", name, "not one of " + ", ".join(sorted(CLASS_PATH_KEYS)))
+        cls = resolve(value["class_path"], f"{key}.class_path", expected._replace(functions=False), source)
         for arguments in ("init_args", "dict_kwargs"):
-            check_arguments(cls, value.get(arguments), f"{key}.{arguments}", source)
+            if arguments in value:
+                check_arguments(cls, value[arguments], f"{key}.{arguments}", source)
     elif isinstance(value, dict):
         for name, item in value.items():
-            check_value(item, f"{key}.{name}", nn.Module, False, source)
+            check_name(name, key, source)
+            check_value(item, f"{key}.{name}", expected, source)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            check_value(item, f"{key}[{index}]", kind, resolves_strings, source)
-    elif isinstance(value, str) and resolves_strings and "." in value:
-        resolve_class(value, key, kind, source)  # an import path, to jsonargparse
+            check_value(item, f"{key}[{index}]", expected, source)
+    elif isinstance(value, str) and expected.imports_strings and IMPORT_PATH.match(value):
+        resolve(value, key, expected, source)
 
 
 def check_hyperparameters(hparams: Any, key: str, kind: type, default: type | None, source: str) -> None:
@@ -149,17 +203,14 @@ def check_hyperparameters(hparams: Any, key: str, kind: type, default: type | No
     hparams = dict(hparams)
     instantiator = hparams.pop("_instantiator", None)
     if instantiator is not None and instantiator != INSTANTIATOR:
-        raise UnsafeCheckpointError(
-            f"refusing {source}: its {key}._instantiator names {instantiator!r}; only {INSTANTIATOR} is "
-            "accepted. Nothing was imported or run."
-        )
+        refuse(source, f"{key}._instantiator", instantiator, f"where only {INSTANTIATOR} is accepted")
     class_path = hparams.pop("_class_path", None)
-    cls = resolve_class(class_path, f"{key}._class_path", kind, source) if class_path is not None else default
-    if cls is None:
-        for name, value in hparams.items():
-            check_value(value, f"{key}.{name}", nn.Module, False, source)
+    if class_path is not None:
+        default = resolve(class_path, f"{key}._class_path", Expect(True, kind, False), source)
+    if default is None:
+        check_value(hparams, key, UNKNOWN, source)
     else:
-        check_arguments(cls, hparams, key, source)
+        check_arguments(default, hparams, key, source)
 
 
 def check_class_paths(checkpoint: dict, source: str, model_class: type | None = None) -> None:
@@ -190,10 +241,11 @@ def tensor_digest(checkpoint: dict) -> str:
     """SHA-256 of every tensor in ``checkpoint``: name, dtype, shape and bytes, in name order."""
     digest = hashlib.sha256()
     for name, tensor in sorted(_tensors(checkpoint), key=lambda item: item[0]):
-        tensor = tensor.detach().cpu().contiguous()
+        tensor = tensor.detach().cpu()
+        tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        if tensor.layout == torch.strided and tensor.numel():
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+        if tensor.numel():
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 
@@ -226,15 +278,17 @@ MODEL_CHECKPOINT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_
 
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
     """Keep, in the ModelCheckpoint states of ``checkpoint``, only the paths of .ckpt files that resolve
-    inside the directory the checkpoint itself lies in.
+    inside the directory the checkpoint itself lies in, and only where that is a run's checkpoints/
+    folder (beside the run's config.yaml); elsewhere (a download folder, say) drop them all.
 
     Lightning deletes the files these paths name when better ones replace them, and its own check
     that they lie inside the checkpoint directory compares text, which ``..`` and links get past.
     """
     directory = Path(checkpoint_path).resolve().parent
+    in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
     def inside(path: Any) -> bool:
-        if not isinstance(path, str | os.PathLike):
+        if not in_a_run or not isinstance(path, str | os.PathLike):
             return False
         resolved = Path(path).resolve()
         return resolved.parent == directory and resolved.suffix == ".ckpt"

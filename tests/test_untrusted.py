@@ -43,6 +43,7 @@ def attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, dict]]:
     shell = {"class_path": "os.system", "init_args": {"command": f"touch {marker}"}}
     popen = {"class_path": "subprocess.Popen", "init_args": {"args": ["touch", str(marker)]}}
     resnet = {"class_path": "torchvision.models.ResNet", "init_args": {"block": "torchvision.models.resnet.BasicBlock"}}
+    quantizable = "torchvision.models.quantization.QuantizableResNet"
     return {
         "optimizer": ("hyper_parameters.optimizer.class_path", {"optimizer": shell}),
         "scheduler": ("hyper_parameters.lr_scheduler.class_path", {"lr_scheduler": shell}),
@@ -53,6 +54,24 @@ def attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, dict]]:
         ),
         "data": ("datamodule_hyper_parameters._class_path", {"data": f"{sentinel}.Net"}),
         "instantiator": ("hyper_parameters._instantiator", {"_instantiator": "os.system"}),
+        # jsonargparse reads the dots as a path into the config: a class path the check must not miss.
+        "dotted key": ("hyper_parameters key", {"net.class_path": f"{sentinel}.Net"}),
+        # An argument whose annotation does not resolve (torch's own, here): its strings are checked all the same.
+        "unreadable annotation": (
+            "hyper_parameters.net.init_args.model",
+            {"net": {"class_path": "torch.optim.swa_utils.AveragedModel", "init_args": {"model": f"{sentinel}.Net"}}},
+        ),
+        # An argument passed on through **kwargs to a parent class's signature.
+        "argument through **kwargs": (
+            "hyper_parameters.net.init_args.norm_layer",
+            {
+                "net": {
+                    "class_path": quantizable,
+                    "init_args": {**resnet["init_args"], "layers": [1, 1, 1, 1], "norm_layer": f"{sentinel}.Net"},
+                }
+            },
+        ),
+        "a __main__ module": ("hyper_parameters.net.class_path", {"net": {"class_path": "template.__main__.Net"}}),
     }
 
 
@@ -92,7 +111,7 @@ def test_a_checkpoint_naming_code_is_refused_by_every_command(
         cli([command, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), "--trainer.max_epochs", "2"])
     assert exit_info.value.code != 0
     error = capsys.readouterr().err
-    assert f"refusing {path}" in error and key in error and "Nothing was imported or run" in error
+    assert f"refusing {path}" in error and key in error and "No untrusted module was imported" in error
     assert not ran.exists() and not imported.exists() and name not in sys.modules
 
 
@@ -229,3 +248,40 @@ def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
         state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
         torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
+
+
+def test_a_function_of_a_trusted_module_is_accepted_where_a_callable_is_expected(trained, tmp_path):
+    layer = {"class_path": "torch.nn.TransformerEncoderLayer", "init_args": {"activation": "torch.nn.functional.gelu"}}
+    path = doctor(trained, tmp_path, {"net": {"class_path": "torch.nn.Sequential"}, "extra": layer})
+    read_checkpoint(path, ClassificationModule, tensors=False)  # no error: gelu is a function of torch
+    path = doctor(trained, tmp_path, {"extra": {**layer, "init_args": {"activation": "os.system"}}})
+    with pytest.raises(UnsafeCheckpointError, match="extra.init_args.activation names 'os.system'"):
+        read_checkpoint(path, ClassificationModule, tensors=False)  # imported, but not trusted
+
+
+@pytest.mark.slow
+def test_a_checkpoint_outside_a_run_never_makes_fit_delete_its_neighbours(trained, tmp_path, monkeypatch):
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "valuable.ckpt").write_text("someone's model")
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    relative = "runs/digits/version_0/checkpoints/../../../../downloads/valuable.ckpt"  # resolves beside it
+    for name, state in checkpoint["callbacks"].items():
+        if name.startswith("ModelCheckpoint"):
+            state.update(best_model_path=relative, kth_best_model_path=relative, last_model_path=relative)
+    torch.save(checkpoint, downloads / "evil.ckpt")
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(downloads / "evil.ckpt"),
+         "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "3"])  # fmt: skip
+    assert (downloads / "valuable.ckpt").read_text() == "someone's model"
+
+
+def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():
+    from template.callbacks import TrainingMonitor
+
+    monitor = TrainingMonitor()
+    monitor.load_state_dict({"rows": [{"epoch": 0, '=HYPERLINK("http://x")': 1.0}]})
+    assert monitor.state_dict()["rows"] == []
+    monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}]})
+    assert monitor.state_dict()["rows"] == [{"epoch": 0, "val/acc": 0.5}]

@@ -1,6 +1,7 @@
 """What a run looks like while it trains: speed, curves side by side, errors as pictures, a CSV."""
 
 import csv
+import re
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
+
+METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
 
 
 def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
@@ -48,9 +51,11 @@ class TrainingMonitor(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         rows = state_dict.get("rows")
-        # From a checkpoint, so untrusted: numbers under names only.
+        # From a checkpoint, so untrusted: numbers under metric names only (never a name a
+        # spreadsheet would run as a formula).
         if isinstance(rows, list) and all(
-            isinstance(row, dict) and all(isinstance(k, str) and isinstance(v, int | float) for k, v in row.items())
+            isinstance(row, dict)
+            and all(isinstance(k, str) and METRIC_NAME.match(k) and isinstance(v, int | float) for k, v in row.items())
             for row in rows
         ):
             self._rows = rows
