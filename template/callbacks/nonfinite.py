@@ -7,8 +7,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.optim import Optimizer
 
-from template.module import log_step_metrics, total_gradient_norm
-
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
@@ -30,12 +28,14 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
     )
 
 
-class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step.
+def gradient_norm(optimizer: Optimizer, device: torch.device) -> torch.Tensor:
+    """Total 2-norm of the gradients ``optimizer`` is about to apply, fused (foreach); 0 without any."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
 
-    The norm is logged as ``train/grad_norm``: by ``ClassificationModule``, which computes it
-    once for this check and its clipping and logs it with the loss; by this guard for a module
-    without a ``gradient_norm`` of its own.
+
+class NonFiniteGuard(Callback):
+    """Checks the loss and the gradient norm before every optimizer step, for any LightningModule.
 
     A NaN spreads into every weight at the next step and never leaves; caught before the
     step, the last checkpoints stay good. The check costs one device sync a step. With
@@ -80,13 +80,9 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         loss = self._loss if self._loss is not None else torch.zeros((), device=pl_module.device)
         if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            grad_norm = torch.zeros((), device=loss.device)  # scaled gradients: the scaler checks them
-        elif callable(getattr(pl_module, "gradient_norm", None)):
-            # ClassificationModule's: computed once, clipped with, and logged with the loss.
-            grad_norm = pl_module.gradient_norm(optimizer)
+            grad_norm = torch.zeros((), device=loss.device)  # the fp16 scaler skips overflowing steps itself
         else:
-            grad_norm = total_gradient_norm(optimizer, pl_module.device)
-            log_step_metrics(trainer, {"train/grad_norm": grad_norm})  # at the logging interval
+            grad_norm = gradient_norm(optimizer, pl_module.device)
         if self.check_every_n_steps > 1:  # record on the device now, look later: no sync here
             if self._values is None or self._values.device != loss.device:
                 self._values = torch.empty(self.check_every_n_steps, 2, device=loss.device)

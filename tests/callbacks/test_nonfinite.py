@@ -1,11 +1,8 @@
-import csv
-import math
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -75,7 +72,7 @@ def test_check_every_n_steps_refuses_skip_mode():
 
 
 class PlainModule(L.LightningModule):
-    """A module without ClassificationModule's shared gradient norm; its loss is NaN at step 3."""
+    """A plain LightningModule, nothing of the template's; its loss is NaN at step 3."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,15 +86,13 @@ class PlainModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_with_a_module_of_its_own_the_guard_computes_logs_and_checks_the_norm(tmp_path):
+def test_the_guard_stops_any_lightning_module_at_the_bad_step_before_it_touches_the_weights():
     data = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)
     trainer = L.Trainer(
-        max_steps=6, log_every_n_steps=1, logger=CSVLogger(tmp_path), callbacks=[NonFiniteGuard()], accelerator="cpu",
+        max_steps=6, logger=False, callbacks=[NonFiniteGuard()], accelerator="cpu",
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
+    module = PlainModule()
     with pytest.raises(NonFiniteError, match="non-finite loss, gradient norm at global step 3"):
-        trainer.fit(PlainModule(), data)
-    rows = list(csv.DictReader((Path(trainer.log_dir) / "metrics.csv").open()))
-    norms = [float(row["train/grad_norm"]) for row in rows if row.get("train/grad_norm")]
-    # Steps 0-2, each logged once, and step 3's, logged before the check that stopped training.
-    assert len(norms) == 4 and all(norm > 0 for norm in norms[:3]) and math.isnan(norms[3])
+        trainer.fit(module, data)
+    assert trainer.global_step == 3 and all(torch.isfinite(p).all() for p in module.parameters())

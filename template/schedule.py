@@ -1,0 +1,77 @@
+"""The learning-rate schedule of the recipe: linear warmup, then cosine decay (with warm restarts)."""
+
+import math
+
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+
+class WarmupCosine(LRScheduler):
+    """Linear warmup, then cosine decay, stepped once per optimizer step.
+
+    Warmup avoids the large, badly aimed updates of the first steps, when BatchNorm
+    statistics and Adam's moment estimates are still poor. With ``cycles > 1`` the
+    cosine restarts from the peak that many times (SGDR, Loshchilov & Hutter, 2017).
+
+    Args:
+        optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
+        total_steps: optimizer steps in the whole run.
+        warmup_fraction: share of ``total_steps`` spent warming up linearly.
+        min_lr_ratio: floor of the cosine, as a fraction of the peak.
+        cycles: number of cosine cycles after warmup (1: no restarts).
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.0,
+        cycles: int = 1,
+        last_epoch: int = -1,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+        if cycles < 1:
+            raise ValueError(f"cycles must be at least 1, got {cycles}")
+        self.total_steps = total_steps
+        self.warmup_steps = round(warmup_fraction * total_steps)
+        self.min_lr_ratio = min_lr_ratio
+        self.cycles = cycles
+        super().__init__(optimizer, last_epoch)
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps  # never 0: the first step is not wasted
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        cycle_progress = 1.0 if progress == 1.0 else (progress * self.cycles) % 1.0
+        cosine = 0.5 * (1.0 + math.cos(math.pi * cycle_progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+
+    def get_lr(self) -> list[float]:
+        factor = self.lr_factor(self.last_epoch)
+        return [base_lr * factor for base_lr in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the position in the schedule, but keep the plan made for this run: a run resumed
+        with a larger max_epochs or max_steps follows the schedule over its new total from the step
+        it stands at, instead of the old total's (which has already decayed to its floor)."""
+        planned = {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
+        super().load_state_dict(state_dict)
+        if state_dict.get("total_steps") == planned["total_steps"]:
+            return  # the same plan: an exact resume
+        self.__dict__.update(planned)
+        self._last_lr = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr  # the next step already uses the new plan
+        rank_zero_info(
+            f"learning-rate schedule re-planned from {state_dict.get('total_steps')} to {self.total_steps} "
+            f"optimizer steps; continuing from step {self.last_epoch}"
+        )
