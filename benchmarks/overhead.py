@@ -55,7 +55,8 @@ from torch.utils.data import DataLoader
 from template.cli import cli
 from template.data import DigitsDataModule
 from template.data.augment import normalize, random_crop, random_hflip
-from template.data.base import ImageDataModule, Split, keep_batch
+from template.data.base import ImageDataModule
+from template.data.loaders import Split, keep_batch
 from template.module import ClassificationModule, WarmupCosine, parameter_groups
 from template.nets import ResNetSmall
 

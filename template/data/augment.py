@@ -1,4 +1,4 @@
-"""Batched augmentation as tensor ops, run on the training device after transfer.
+"""Batched augmentation and normalisation as tensor ops, run on the training device after transfer.
 
 Working on a whole (B, C, H, W) batch at once replaces thousands of per-image PIL calls
 in DataLoader workers with a handful of kernel launches. Randomness comes from the
@@ -45,3 +45,17 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     if images.dtype == torch.uint8:
         images = images.float().div_(255)
     return (images - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
+        total += block.sum(dim=(0, 2, 3))
+        squares += block.square().sum(dim=(0, 2, 3))
+    count = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / count
+    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+    return mean.float(), std.float().clamp_min(1e-6)

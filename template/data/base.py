@@ -1,91 +1,23 @@
 """What every image source shares: stratified splits, loaders and the batch hook.
 
 A source only has to provide uint8 images (N, C, H, W) and integer labels per split;
-this class turns them into DataLoaders that yield whole batches by indexing, and
-augments and normalises each batch on the device (``on_after_batch_transfer``).
+this class turns them into DataLoaders that yield whole batches by indexing (the
+dataset and the sampler are in ``loaders.py``), and augments and normalises each batch
+on the device (``on_after_batch_transfer``).
 """
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import lightning as L
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
-from template.data.augment import normalize, random_crop, random_hflip
-
-Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
-
-
-class TensorImageDataset(Dataset):
-    """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> Split:
-        return self.images[index], self.labels[index]
-
-    def __getitems__(self, indices: list[int]) -> Split:
-        index = torch.as_tensor(indices)
-        return self.images[index], self.labels[index]
-
-
-class ResumableSampler(DistributedSampler):
-    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
-
-    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
-    epoch's order reproducible without saving generator state, on one process or many. On
-    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
-    are left out until the next epoch; the epoch's length stays the same, so the Trainer
-    counts on from there.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.skip = 0
-        self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
-        # The DataLoader draws its workers' base seed from this, not from the global generator:
-        # loading data then never moves the random stream that augmentation draws from.
-        self.loader_generator = torch.Generator().manual_seed(seed)
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.skip = self.consumed = 0
-        super().set_epoch(epoch)
-        self.loader_generator.manual_seed(self.seed + epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
-        return iter(list(super().__iter__())[self.skip :])
-
-
-def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
-    squares = torch.zeros_like(total)
-    for start in range(0, len(images), chunk):
-        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
-        total += block.sum(dim=(0, 2, 3))
-        squares += block.square().sum(dim=(0, 2, 3))
-    count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total / count
-    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
-    return mean.float(), std.float().clamp_min(1e-6)
-
-
-def keep_batch(batch: Split) -> Split:
-    """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
-    return batch
+from template.data.augment import channel_stats, normalize, random_crop, random_hflip
+from template.data.loaders import ResumableSampler, Split, TensorImageDataset, keep_batch
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:

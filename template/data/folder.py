@@ -9,15 +9,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from template.data.base import (
-    ImageDataModule,
-    Split,
-    TensorImageDataset,
-    channel_stats,
-    stratified_split,
-)
+from template.data.augment import channel_stats
+from template.data.base import ImageDataModule, Split, stratified_split
 from template.data.cache import decode, load_or_build, load_or_check
 from template.data.images import open_image
+from template.data.loaders import TensorImageDataset
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 

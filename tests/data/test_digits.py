@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import SequentialSampler
 
 from template.data import DigitsDataModule, stratified_split
-from template.data.base import ResumableSampler
+from template.data.loaders import ResumableSampler
 
 
 def test_stratified_split_is_disjoint_complete_and_keeps_proportions():

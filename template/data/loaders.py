@@ -1,0 +1,62 @@
+"""What the DataLoaders read: a dataset that hands out whole uint8 batches, and the training order."""
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
+
+
+class TensorImageDataset(Dataset):
+    """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> Split:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Split:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.labels[index]
+
+
+def keep_batch(batch: Split) -> Split:
+    """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
+    return batch
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
+
+    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
+    epoch's order reproducible without saving generator state, on one process or many. On
+    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
+    are left out until the next epoch; the epoch's length stays the same, so the Trainer
+    counts on from there.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+        self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
+        # The DataLoader draws its workers' base seed from this, not from the global generator:
+        # loading data then never moves the random stream that augmentation draws from.
+        self.loader_generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = self.consumed = 0
+        super().set_epoch(epoch)
+        self.loader_generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
+        return iter(list(super().__iter__())[self.skip :])
