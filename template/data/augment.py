@@ -1,11 +1,31 @@
-"""Batched augmentation and normalisation as tensor ops, run on the training device after transfer.
+"""The one training augmentation of every source, and the normalisation after it.
 
-Working on a whole (B, C, H, W) batch at once replaces thousands of per-image PIL calls
-in DataLoader workers with a handful of kernel launches. Randomness comes from the
-global torch generator of the batch's device, which ``seed_everything`` seeds.
+Every source delivers the same thing to the device: uint8 batches (B, C, H, W) already at
+the training size (decoded and resized to cover it, then centre-cropped: by the cache
+build, by a source's ``load_split``, or by the DataLoader workers when streaming). What
+happens to a batch from there is defined here alone and applied by
+``ImageDataModule.on_after_batch_transfer``, so one config trains one recipe whichever
+path the images took:
+
+    training:  random crop (crop_padding, reflect) -> random mirror (hflip) -> normalise
+    otherwise: normalise
+
+Working on a whole batch at once replaces thousands of per-image PIL calls in DataLoader
+workers with a handful of kernel launches. Randomness comes from the global torch
+generator of the batch's device, which ``seed_everything`` seeds and an exact resume
+relies on.
 """
 
 import torch
+
+
+def augment(images: torch.Tensor, crop_padding: int, hflip: bool) -> torch.Tensor:
+    """Randomly shift each image by up to ``crop_padding`` pixels, then mirror half of them if ``hflip``.
+
+    Runs on uint8 as well as float: cropping before the float copy moves a quarter of the bytes.
+    """
+    images = random_crop(images, crop_padding)
+    return random_hflip(images) if hflip else images
 
 
 def reflect_pad(images: torch.Tensor, padding: int) -> torch.Tensor:

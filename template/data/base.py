@@ -1,9 +1,9 @@
 """What every image source shares: stratified splits, loaders and the batch hook.
 
-A source only has to provide uint8 images (N, C, H, W) and integer labels per split;
-this class turns them into DataLoaders that yield whole batches by indexing (the
-dataset and the sampler are in ``loaders.py``), and augments and normalises each batch
-on the device (``on_after_batch_transfer``).
+A source only has to provide uint8 images (N, C, H, W) at the training size and integer
+labels per split; this class turns them into DataLoaders that yield whole batches (the
+datasets and the sampler are in ``loaders.py``), and augments and normalises each batch
+on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
 """
 
 import os
@@ -16,7 +16,7 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset
 
-from template.data.augment import channel_stats, normalize, random_crop, random_hflip
+from template.data.augment import augment, channel_stats, normalize
 from template.data.loaders import ResumableSampler, Split, TensorImageDataset, keep_batch
 
 
@@ -55,6 +55,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     Subclasses set ``num_classes``, ``in_channels``, ``image_size`` and ``class_names``
     in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
+    Every batch reaches the device as uint8 at the training size, from memory, a cache or
+    streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
+    ``template.data.augment.augment`` (random crop, mirror), and normalises.
 
     Args:
         batch_size: images per batch on each device.
@@ -88,7 +91,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.num_workers = num_workers
         self.crop_padding = crop_padding
         self.hflip = hflip
-        self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or a file dataset when streaming
+        self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or FileDataset when streaming
         self.train_sampler: ResumableSampler | None = None
         self._resume_state: dict | None = None
         self.mean = torch.zeros(0)
@@ -155,8 +158,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         settings = {
             "batch_size": batch_size,
             "num_workers": workers,
-            # In-memory datasets hand out whole batches (__getitems__); file datasets, items.
-            "collate_fn": keep_batch if isinstance(dataset, TensorImageDataset) else None,
+            "collate_fn": keep_batch,  # the datasets hand out whole batches (__getitems__)
             "pin_memory": on_gpu,
             "persistent_workers": workers > 0,
         }
@@ -199,15 +201,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
         if isinstance(batch, torch.Tensor):
             return batch  # the model summary's example input, not a data batch
-        images, labels = batch  # (B, C, H, W) on the training device
-        training = self.trainer is not None and self.trainer.training
-        if training and self.train_sampler is not None:
-            self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-        if images.dtype == torch.uint8:  # cached images: augment here, on whole batches
-            if training and self.crop_padding:
-                images = random_crop(images, self.crop_padding)  # on uint8: a quarter of the bytes
-            if training and self.hflip:
-                images = random_hflip(images)
-            images = images.float().div_(255)
-        # (float images were decoded and augmented in DataLoader workers: streaming)
+        images, labels = batch  # uint8 (B, C, H, W) at the training size, on the training device
+        if self.trainer is not None and self.trainer.training:
+            if self.train_sampler is not None:
+                self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
+            images = augment(images, self.crop_padding, self.hflip)
         return normalize(images, self.mean.to(images.device), self.std.to(images.device)), labels

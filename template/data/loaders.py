@@ -1,9 +1,17 @@
-"""What the DataLoaders read: a dataset that hands out whole uint8 batches, and the training order."""
+"""What the DataLoaders read: datasets that hand out whole uint8 batches, and the training order.
+
+Both datasets give the same thing for the same image, uint8 (B, C, H, W) at the training
+size: ``TensorImageDataset`` indexes it from memory (or a memmap cache), ``FileDataset``
+decodes it from the files in DataLoader workers. Augmentation comes later, on the device.
+"""
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
+
+from template.data.cache import decode
 
 Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
 
@@ -26,6 +34,30 @@ class TensorImageDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> Split:
         index = torch.as_tensor(indices)
         return self.images[index], self.labels[index]
+
+
+class FileDataset(Dataset):
+    """Image files decoded per item in DataLoader workers: the streaming path.
+
+    Each image is what the cache would hold for its file (``cache.decode``: upright, 8-bit,
+    resized to cover ``size`` and centre-cropped), so streaming changes where images are
+    decoded, never what the model trains on.
+    """
+
+    def __init__(self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str) -> None:
+        if len(files) != len(labels):
+            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        self.files, self.labels, self.size, self.mode = files, labels, size, mode
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Split:
+        return torch.from_numpy(decode(self.files[index], self.size, self.mode)), self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Split:
+        images = torch.stack([self[index][0] for index in indices])  # (B, C, H, W) uint8
+        return images, self.labels[torch.as_tensor(indices)]
 
 
 def keep_batch(batch: Split) -> Split:
