@@ -118,6 +118,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return channel_stats(self.datasets["train"].images)
 
     def setup(self, stage: str) -> None:
+        if not 0 <= self.crop_padding < min(self.image_size):  # reflect padding mirrors pixels inside the image
+            raise ValueError(
+                f"crop_padding={self.crop_padding} must be at least 0 and below the image side "
+                f"{min(self.image_size)}; a few pixels (4 at 32 px) is the usual random shift"
+            )
         # Only what the stage needs: the test split is loaded by `test` alone, so no
         # decision made during fit can have looked at it.
         needed = {
