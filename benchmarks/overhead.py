@@ -54,8 +54,9 @@ from torch.utils.data import DataLoader
 
 from template.cli import cli
 from template.data import DigitsDataModule
-from template.data.augment import normalize, random_crop, random_hflip
-from template.data.base import ImageDataModule, Split, keep_batch
+from template.data.augment import augment, normalize
+from template.data.base import ImageDataModule
+from template.data.loaders import Split, keep_batch
 from template.module import ClassificationModule, WarmupCosine, parameter_groups
 from template.nets import ResNetSmall
 
@@ -156,9 +157,7 @@ class PlainLoop:
         net.train()
         for _, (images, labels) in zip(range(steps), self.loader):
             starts.append(time.perf_counter())
-            images = random_crop(images, data.crop_padding) if data.crop_padding else images
-            images = random_hflip(images) if data.hflip else images
-            images = normalize(images.float().div_(255), data.mean, data.std)
+            images = normalize(augment(images, data.crop_padding, data.hflip), data.mean, data.std)
             loss = F.cross_entropy(net(images), labels, label_smoothing=0.1)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

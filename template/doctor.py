@@ -28,7 +28,8 @@ from rich.table import Table
 from torch import nn
 
 from template.cli import PROGRAM, cli
-from template.data.base import ImageDataModule, TensorImageDataset
+from template.data.base import ImageDataModule
+from template.data.loaders import TensorImageDataset
 from template.module import ClassificationModule, parameter_groups
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")

@@ -1,11 +1,31 @@
-"""Batched augmentation as tensor ops, run on the training device after transfer.
+"""The one training augmentation of every source, and the normalisation after it.
 
-Working on a whole (B, C, H, W) batch at once replaces thousands of per-image PIL calls
-in DataLoader workers with a handful of kernel launches. Randomness comes from the
-global torch generator of the batch's device, which ``seed_everything`` seeds.
+Every source delivers the same thing to the device: uint8 batches (B, C, H, W) already at
+the training size (decoded and resized to cover it, then centre-cropped: by the cache
+build, by a source's ``load_split``, or by the DataLoader workers when streaming). What
+happens to a batch from there is defined here alone and applied by
+``ImageDataModule.on_after_batch_transfer``, so one config trains one recipe whichever
+path the images took:
+
+    training:  random crop (crop_padding, reflect) -> random mirror (hflip) -> normalise
+    otherwise: normalise
+
+Working on a whole batch at once replaces thousands of per-image PIL calls in DataLoader
+workers with a handful of kernel launches. Randomness comes from the global torch
+generator of the batch's device, which ``seed_everything`` seeds and an exact resume
+relies on.
 """
 
 import torch
+
+
+def augment(images: torch.Tensor, crop_padding: int, hflip: bool) -> torch.Tensor:
+    """Randomly shift each image by up to ``crop_padding`` pixels, then mirror half of them if ``hflip``.
+
+    Runs on uint8 as well as float: cropping before the float copy moves a quarter of the bytes.
+    """
+    images = random_crop(images, crop_padding)
+    return random_hflip(images) if hflip else images
 
 
 def reflect_pad(images: torch.Tensor, padding: int) -> torch.Tensor:
@@ -45,3 +65,17 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     if images.dtype == torch.uint8:
         images = images.float().div_(255)
     return (images - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+
+
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
+        total += block.sum(dim=(0, 2, 3))
+        squares += block.square().sum(dim=(0, 2, 3))
+    count = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / count
+    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+    return mean.float(), std.float().clamp_min(1e-6)

@@ -1,91 +1,23 @@
 """What every image source shares: stratified splits, loaders and the batch hook.
 
-A source only has to provide uint8 images (N, C, H, W) and integer labels per split;
-this class turns them into DataLoaders that yield whole batches by indexing, and
-augments and normalises each batch on the device (``on_after_batch_transfer``).
+A source only has to provide uint8 images (N, C, H, W) at the training size and integer
+labels per split; this class turns them into DataLoaders that yield whole batches (the
+datasets and the sampler are in ``loaders.py``), and augments and normalises each batch
+on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
 """
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import lightning as L
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
-from template.data.augment import normalize, random_crop, random_hflip
-
-Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
-
-
-class TensorImageDataset(Dataset):
-    """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> Split:
-        return self.images[index], self.labels[index]
-
-    def __getitems__(self, indices: list[int]) -> Split:
-        index = torch.as_tensor(indices)
-        return self.images[index], self.labels[index]
-
-
-class ResumableSampler(DistributedSampler):
-    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
-
-    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
-    epoch's order reproducible without saving generator state, on one process or many. On
-    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
-    are left out until the next epoch; the epoch's length stays the same, so the Trainer
-    counts on from there.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.skip = 0
-        self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
-        # The DataLoader draws its workers' base seed from this, not from the global generator:
-        # loading data then never moves the random stream that augmentation draws from.
-        self.loader_generator = torch.Generator().manual_seed(seed)
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.skip = self.consumed = 0
-        super().set_epoch(epoch)
-        self.loader_generator.manual_seed(self.seed + epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
-        return iter(list(super().__iter__())[self.skip :])
-
-
-def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
-    squares = torch.zeros_like(total)
-    for start in range(0, len(images), chunk):
-        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
-        total += block.sum(dim=(0, 2, 3))
-        squares += block.square().sum(dim=(0, 2, 3))
-    count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total / count
-    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
-    return mean.float(), std.float().clamp_min(1e-6)
-
-
-def keep_batch(batch: Split) -> Split:
-    """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
-    return batch
+from template.data.augment import augment, channel_stats, normalize
+from template.data.loaders import ResumableSampler, Split, TensorImageDataset, keep_batch
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
@@ -123,6 +55,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     Subclasses set ``num_classes``, ``in_channels``, ``image_size`` and ``class_names``
     in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
+    Every batch reaches the device as uint8 at the training size, from memory, a cache or
+    streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
+    ``template.data.augment.augment`` (random crop, mirror), and normalises.
 
     Args:
         batch_size: images per batch on each device.
@@ -156,7 +91,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.num_workers = num_workers
         self.crop_padding = crop_padding
         self.hflip = hflip
-        self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or a file dataset when streaming
+        self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or FileDataset when streaming
         self.train_sampler: ResumableSampler | None = None
         self._resume_state: dict | None = None
         self.mean = torch.zeros(0)
@@ -183,6 +118,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return channel_stats(self.datasets["train"].images)
 
     def setup(self, stage: str) -> None:
+        if not 0 <= self.crop_padding < min(self.image_size):  # reflect padding mirrors pixels inside the image
+            raise ValueError(
+                f"crop_padding={self.crop_padding} must be at least 0 and below the image side "
+                f"{min(self.image_size)}; a few pixels (4 at 32 px) is the usual random shift"
+            )
         # Only what the stage needs: the test split is loaded by `test` alone, so no
         # decision made during fit can have looked at it.
         needed = {
@@ -223,8 +163,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         settings = {
             "batch_size": batch_size,
             "num_workers": workers,
-            # In-memory datasets hand out whole batches (__getitems__); file datasets, items.
-            "collate_fn": keep_batch if isinstance(dataset, TensorImageDataset) else None,
+            "collate_fn": keep_batch,  # the datasets hand out whole batches (__getitems__)
             "pin_memory": on_gpu,
             "persistent_workers": workers > 0,
         }
@@ -267,15 +206,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
         if isinstance(batch, torch.Tensor):
             return batch  # the model summary's example input, not a data batch
-        images, labels = batch  # (B, C, H, W) on the training device
-        training = self.trainer is not None and self.trainer.training
-        if training and self.train_sampler is not None:
-            self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-        if images.dtype == torch.uint8:  # cached images: augment here, on whole batches
-            if training and self.crop_padding:
-                images = random_crop(images, self.crop_padding)  # on uint8: a quarter of the bytes
-            if training and self.hflip:
-                images = random_hflip(images)
-            images = images.float().div_(255)
-        # (float images were decoded and augmented in DataLoader workers: streaming)
+        images, labels = batch  # uint8 (B, C, H, W) at the training size, on the training device
+        if self.trainer is not None and self.trainer.training:
+            if self.train_sampler is not None:
+                self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
+            images = augment(images, self.crop_padding, self.hflip)
         return normalize(images, self.mean.to(images.device), self.std.to(images.device)), labels

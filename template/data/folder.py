@@ -7,17 +7,11 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
-from template.data.base import (
-    ImageDataModule,
-    Split,
-    TensorImageDataset,
-    channel_stats,
-    stratified_split,
-)
+from template.data.augment import channel_stats
+from template.data.base import ImageDataModule, Split, stratified_split
 from template.data.cache import decode, load_or_build, load_or_check
-from template.data.images import open_image
+from template.data.loaders import FileDataset, TensorImageDataset
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 
@@ -48,19 +42,6 @@ def describe(paths: list[str], what: str) -> str:
     return f"{len(paths)} {what}:\n  {listed}{more}"
 
 
-class FileDataset(Dataset):
-    """Decodes one file per item in a DataLoader worker and applies torchvision transforms v2."""
-
-    def __init__(self, files: list[Path], labels: list[int], mode: str, transform: v2.Transform) -> None:
-        self.files, self.labels, self.mode, self.transform = files, labels, mode, transform
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.transform(open_image(self.files[index], self.mode)), self.labels[index]
-
-
 class ImageFolderDataModule(ImageDataModule):
     """Images in class folders, decoded once into a cache or streamed from the files.
 
@@ -79,8 +60,10 @@ class ImageFolderDataModule(ImageDataModule):
         split_seed: seed of that split alone.
         num_workers: processes that decode images: the cache build, or streaming. Cached
             batches are indexed in the main process, where workers would only add copies.
-        cache: decode every image once into a uint8 memmap and augment whole batches on the
-            device (fast); ``None`` turns it on for images up to ``cache_max_size``.
+        cache: decode every image once into a uint8 memmap (fast); otherwise DataLoader
+            workers decode each file again every epoch (for datasets too large to hold);
+            ``None`` caches images up to ``cache_max_size``. Either way the same uint8
+            images reach the device and are augmented there alike.
         cache_dir: where cache files live; each is keyed by the files and settings.
         cache_max_size: the largest side that ``cache: null`` caches.
         mean: per-channel mean in [0, 1]; computed from the training split when not given.
@@ -88,7 +71,7 @@ class ImageFolderDataModule(ImageDataModule):
         skip_invalid: leave out unreadable files (counted and named in a warning) instead
             of stopping with an error that names them; a class left with none is an error.
         predict_path: a folder (searched recursively) or a list of image files for ``predict``.
-        crop_padding: reflect padding of the random crop (cached path).
+        crop_padding: reflect padding of the random crop, in pixels of the training size.
         hflip: mirror training images at random.
     """
 
@@ -248,15 +231,7 @@ class ImageFolderDataModule(ImageDataModule):
         images, labels = self.load_split(split)
         if images is not None:
             return TensorImageDataset(images, labels)
-        steps = [v2.ToImage()]
-        if split == "train":
-            steps += [v2.RandomResizedCrop(self.image_size, antialias=True)]
-            steps += [v2.RandomHorizontalFlip()] if self.hflip else []
-        else:  # the same view of each image as the cache gives: cover the size, centre crop
-            steps += [v2.Resize(min(self.image_size), antialias=True), v2.CenterCrop(self.image_size)]
-        # Normalisation happens on the device, in on_after_batch_transfer, as for cached images.
-        transform = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True)])
-        return FileDataset(self.split_files[split], labels.tolist(), self.mode, transform)
+        return FileDataset(self.split_files[split], labels, self.image_size, self.mode)
 
     def loader_workers(self, dataset: Dataset) -> int:
         # Indexing a memmap is a copy; worker processes would only add another (and IPC).

@@ -1,6 +1,6 @@
 import torch
 
-from template.data.augment import normalize, random_crop, random_hflip
+from template.data.augment import augment, normalize, random_crop, random_hflip
 
 
 def images() -> torch.Tensor:
@@ -47,3 +47,21 @@ def test_normalize_accepts_uint8_and_float():
     assert out.dtype == torch.float32
     assert torch.allclose(out[0, 0], torch.ones(2, 2)) and torch.allclose(out[0, 1], torch.zeros(2, 2))
     assert torch.equal(normalize(batch.float() / 255, mean, std), out)
+
+
+def test_augment_shifts_then_mirrors_uint8_batches_and_does_nothing_when_off():
+    batch = (images() % 256).to(torch.uint8)
+    assert torch.equal(augment(batch, crop_padding=0, hflip=False), batch)
+    torch.manual_seed(0)
+    augmented = augment(batch.repeat(8, 1, 1, 1), crop_padding=1, hflip=True)
+    assert augmented.dtype == torch.uint8 and augmented.shape == (16, 3, 6, 6)
+    padded = torch.nn.functional.pad(batch.float(), (1, 1, 1, 1), mode="reflect").to(torch.uint8)
+    windows = [padded[:, :, top : top + 6, left : left + 6] for top in range(3) for left in range(3)]
+    mirrored = 0
+    for index, image in enumerate(augmented):  # image `index` is a copy of batch[index % 2]
+        views = [window[index % 2] for window in windows]
+        shifted = any(torch.equal(image, view) for view in views)
+        flipped = any(torch.equal(image, view.flip(2)) for view in views)
+        assert shifted or flipped
+        mirrored += flipped and not shifted
+    assert 0 < mirrored < 16

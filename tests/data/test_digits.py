@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import SequentialSampler
 
 from template.data import DigitsDataModule, stratified_split
-from template.data.base import ResumableSampler
+from template.data.loaders import ResumableSampler
 
 
 def test_stratified_split_is_disjoint_complete_and_keeps_proportions():
@@ -124,3 +124,11 @@ def test_batch_hook_augments_in_training_and_only_normalises_otherwise():
     data.trainer = FakeTrainer(training=False)
     normalised, _ = data.on_after_batch_transfer((data.datasets["train"].images, data.datasets["train"].labels), 0)
     assert abs(normalised.mean().item()) < 1e-3 and normalised.std().item() == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("crop_padding", [-1, 8])
+def test_a_crop_padding_the_image_cannot_reflect_is_refused_before_loading(crop_padding):
+    data = DigitsDataModule(crop_padding=crop_padding)
+    with pytest.raises(ValueError, match=f"crop_padding={crop_padding} must be at least 0 and below the image side 8"):
+        data.setup("fit")
+    assert data.datasets == {}

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import write_image_folder
 from PIL import Image
 
@@ -31,13 +32,55 @@ def test_both_paths_give_train_val_and_test_batches(image_folder, tmp_path, cach
     data.setup("fit")
     images, labels = next(iter(data.train_dataloader()))
     assert images.shape == (8, 3, 16, 16) and labels.dtype == torch.int64
-    assert images.dtype == (torch.uint8 if cache else torch.float32)  # cached: augmented on the device
+    assert images.dtype == torch.uint8  # at the training size; augmented on the device
     assert isinstance(data.datasets["train"], FileDataset) != cache
     assert len(data.datasets["train"]) == 27 and len(data.datasets["val"]) == 9  # 36 train images, 1/4 held out
     assert "test" not in data.datasets
     data.setup("test")
     assert len(data.datasets["test"]) == 36
     assert len(data.mean) == 3 and torch.all(data.std > 0)
+
+
+class FakeTrainer:
+    def __init__(self, training: bool) -> None:
+        self.training = training
+
+
+def on_device(data: ImageFolderDataModule, batch: tuple, training: bool, seed: int = 0) -> torch.Tensor:
+    """``batch`` as the model gets it: through the DataModule's hook, in training or not."""
+    data.trainer = FakeTrainer(training)
+    torch.manual_seed(seed)
+    return data.on_after_batch_transfer(batch, 0)[0]
+
+
+def test_cached_and_streamed_paths_train_on_the_same_augmented_batches(image_folder, tmp_path):
+    # One config, one recipe: `cache` (or cache: null switching at cache_max_size) changes where
+    # images are decoded, never what the model trains on.
+    loaded, trained = {}, {}
+    for cache in (True, False):
+        data = module(image_folder, tmp_path, cache=cache, num_workers=2, crop_padding=3, hflip=True)
+        data.setup("fit")
+        loader = data.train_dataloader()
+        assert loader.persistent_workers != cache  # streamed: decoded in workers; cached: indexed here
+        loaded[cache] = next(iter(loader))
+        trained[cache] = on_device(data, loaded[cache], training=True)
+    (cached, cached_labels), (streamed, streamed_labels) = loaded[True], loaded[False]
+    assert streamed.dtype == torch.uint8 and torch.equal(streamed, cached)
+    assert torch.equal(streamed_labels, cached_labels)
+    assert torch.equal(trained[False], trained[True])
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "streamed"])
+def test_crop_padding_shifts_training_images_on_either_path(image_folder, tmp_path, cache):
+    data = module(image_folder, tmp_path, cache=cache, crop_padding=2, hflip=False)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    plain, augmented = on_device(data, batch, training=False), on_device(data, batch, training=True)
+    assert not torch.equal(augmented, plain)  # crop_padding took effect
+    padded = F.pad(plain, (2, 2, 2, 2), mode="reflect")
+    windows = [padded[:, :, top : top + 16, left : left + 16] for top in range(5) for left in range(5)]
+    for index in range(len(plain)):  # each image shifted within the padding, and nothing else
+        assert any(torch.equal(augmented[index], window[index]) for window in windows)
 
 
 def test_val_split_is_stratified_by_class(image_folder, tmp_path):

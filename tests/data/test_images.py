@@ -10,12 +10,13 @@ from template.data import ImageFolderDataModule
 
 
 def decoded(root: Path, tmp_path: Path, path: Path, cache: bool, **kwargs) -> torch.Tensor:
-    """The test-split image of ``path`` as the model gets it, before normalisation: float (C, H, W) in [0, 255]."""
+    """The test-split image of ``path`` as it reaches the device: uint8 (C, H, W), as float for comparing."""
     data = ImageFolderDataModule(str(root), batch_size=2, num_workers=0, cache=cache, cache_dir=str(tmp_path / "cache"),
                                  **kwargs)  # fmt: skip
     data.setup("test")  # the test split is resized and centre-cropped, never randomly augmented, on both paths
     image, _ = data.datasets["test"][data.split_files["test"].index(path)]
-    return image.float() if cache else image * 255  # cached: uint8; streamed: float in [0, 1]
+    assert image.dtype == torch.uint8  # on both paths
+    return image.float()
 
 
 def folder_with(tmp_path: Path, name: str) -> tuple[Path, Path]:

@@ -1,0 +1,94 @@
+"""What the DataLoaders read: datasets that hand out whole uint8 batches, and the training order.
+
+Both datasets give the same thing for the same image, uint8 (B, C, H, W) at the training
+size: ``TensorImageDataset`` indexes it from memory (or a memmap cache), ``FileDataset``
+decodes it from the files in DataLoader workers. Augmentation comes later, on the device.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from template.data.cache import decode
+
+Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
+
+
+class TensorImageDataset(Dataset):
+    """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> Split:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Split:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.labels[index]
+
+
+class FileDataset(Dataset):
+    """Image files decoded per item in DataLoader workers: the streaming path.
+
+    Each image is what the cache would hold for its file (``cache.decode``: upright, 8-bit,
+    resized to cover ``size`` and centre-cropped), so streaming changes where images are
+    decoded, never what the model trains on.
+    """
+
+    def __init__(self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str) -> None:
+        if len(files) != len(labels):
+            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        self.files, self.labels, self.size, self.mode = files, labels, size, mode
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Split:
+        return torch.from_numpy(decode(self.files[index], self.size, self.mode)), self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Split:
+        images = torch.stack([self[index][0] for index in indices])  # (B, C, H, W) uint8
+        return images, self.labels[torch.as_tensor(indices)]
+
+
+def keep_batch(batch: Split) -> Split:
+    """collate_fn for datasets whose ``__getitems__`` already returns a stacked batch."""
+    return batch
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
+
+    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
+    epoch's order reproducible without saving generator state, on one process or many. On
+    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
+    are left out until the next epoch; the epoch's length stays the same, so the Trainer
+    counts on from there.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+        self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
+        # The DataLoader draws its workers' base seed from this, not from the global generator:
+        # loading data then never moves the random stream that augmentation draws from.
+        self.loader_generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = self.consumed = 0
+        super().set_epoch(epoch)
+        self.loader_generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
+        return iter(list(super().__iter__())[self.skip :])
