@@ -98,7 +98,7 @@ class ClassificationCLI(LightningCLI):
             if rank_zero_only.rank == 0:
                 print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
             self.config[subcommand]["ckpt_path"] = ckpt_path
-        checkpoint = None
+        checkpoint = self.trained = None
         if ckpt_path:
             # LightningCLI reads the checkpoint's hyper-parameters next and instantiates the classes
             # they name: check it first, so a doctored file is refused with a reason before any byte
@@ -109,6 +109,7 @@ class ClassificationCLI(LightningCLI):
                 checkpoint = read_checkpoint(ckpt_path, ClassificationModule, tensors=False)
             except CheckpointError as error:
                 parser.error(str(error))
+            self.trained = (ckpt_path, checkpoint.get("hyper_parameters") or {})
         if argv is not None and (ckpt_given or ckpt_path):  # a --ckpt_path from a --config file too
             self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path, checkpoint)
         if self.config[subcommand].get("weights_only") is None:
@@ -159,6 +160,25 @@ class ClassificationCLI(LightningCLI):
             logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
             if self.subcommand == "fit" and config.get("ckpt_path"):
                 continue_run_directory(config.ckpt_path, logger)
+
+    def after_instantiate_classes(self) -> None:
+        """Refuse data that contradicts what the checkpoint was trained on: a silent resize or
+        another class list would give confident answers to a different question."""
+        if self.trained is None or self.datamodule is None:
+            return
+        ckpt_path, trained = self.trained
+        data = self.datamodule
+        mismatches = []
+        for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
+                          ("class_names", "class names")):  # fmt: skip
+            then, now = trained.get(key), getattr(data, key, None)
+            if then is not None and now is not None and list_of(then) != list_of(now):
+                mismatches.append(f"{what}: trained on {list_of(then)}, the data gives {list_of(now)}")
+        if mismatches:
+            raise ValueError(
+                f"{ckpt_path} does not fit this data; " + "; ".join(mismatches) + ". Give the data options it "
+                "was trained with (its run's config.yaml holds them), e.g. the same --data.image_size."
+            )
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
@@ -224,6 +244,10 @@ def without_data_options(argv: list[str]) -> list[str]:
         else:
             kept.append(token)
     return kept
+
+
+def list_of(value) -> list | int:
+    return list(value) if isinstance(value, list | tuple) else value
 
 
 def is_tensorboard(logger) -> bool:

@@ -27,15 +27,21 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     # Evaluating needs no data options: the checkpoint's DataModule is the default (the run summary
     # prints `test --ckpt_path` alone). Options given still override it, its own ones too (the
     # default digits have no image_size).
-    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4", "--data.image_size=12")
+    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4", "--data.image_size=16")
     assert isinstance(tested.datamodule, ImageFolderDataModule) and tested.datamodule.root == image_folder
-    assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (12, 12)
+    assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (16, 16)
     assert "test/acc" in tested.trainer.callback_metrics
     assert Path(tested.trainer.log_dir).parent == Path(best).parents[2]  # a new version beside the run
     (tmp_path / "evaluate.yaml").write_text(f"ckpt_path: {best}\n")  # the checkpoint named in a config file
     validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"))
     assert isinstance(validated.datamodule, ImageFolderDataModule) and "val/acc" in validated.trainer.callback_metrics
 
+    # The config's own image size (32) is not the one it was trained at (16): an error, not a silent resize.
+    with pytest.raises(
+        ValueError, match=r"inputs \(channels, height, width\): trained on \[3, 16, 16\], the data gives \[3, 32, 32\]"
+    ):
+        run_cli("predict", "--config", str(CONFIG), "--data.root", str(image_folder), "--data.num_workers", "0",
+                "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)  # fmt: skip
     formula = image_folder / "test" / "=owl" / "=HYPERLINK(1)|x.png"
     shutil.copy(next((image_folder / "test" / "=owl").glob("*.png")), formula)
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
