@@ -79,6 +79,7 @@ class ClassificationCLI(LightningCLI):
         parser.link_arguments("data.in_channels", "model.net.init_args.in_channels", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.trained: tuple[str, dict] | None = None  # the checkpoint and the hyper-parameters it was trained with
         argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
         # Evaluating or resuming a checkpoint defaults to the DataModule it was trained on, so --data
         # options may be that one's (--data.predict_path): parse without them until it is known.
@@ -98,7 +99,7 @@ class ClassificationCLI(LightningCLI):
             if rank_zero_only.rank == 0:
                 print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
             self.config[subcommand]["ckpt_path"] = ckpt_path
-        checkpoint = self.trained = None
+        checkpoint = None
         if ckpt_path:
             # LightningCLI reads the checkpoint's hyper-parameters next and instantiates the classes
             # they name: check it first, so a doctored file is refused with a reason before any byte
