@@ -29,6 +29,7 @@ from template.callbacks import (
     TrainingMonitor,
 )
 from template.callbacks.hooks import skip_empty_batch_hooks
+from template.callbacks.run_record import run_directory
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
     AtomicCheckpointIO,
@@ -198,9 +199,8 @@ class ClassificationCLI(LightningCLI):
         return trainer
 
     def after_fit(self) -> None:
-        run_dir = Path(self.trainer.log_dir or ".")  # a broadcast: every rank asks, rank 0 prints
-        if self.trainer.is_global_zero:
-            self.print_summary(run_dir)
+        if self.trainer.is_global_zero:  # rank 0 alone prints, so it asks alone: no broadcast
+            self.print_summary(Path(run_directory(self.trainer) or "."))
 
     def print_summary(self, run_dir: Path) -> None:
         best, last = self._get(self.config_init, "checkpoint"), self._get(self.config_init, "last_checkpoint")

@@ -2,6 +2,7 @@
 channels_last, torch.compile and EMA."""
 
 import copy
+import csv
 import socket
 import subprocess
 import sys
@@ -21,7 +22,6 @@ from template.module import ClassificationModule
 from template.nets import ResNetSmall
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
 def final_val_acc(run_dir: Path) -> float:
@@ -31,7 +31,8 @@ def final_val_acc(run_dir: Path) -> float:
 
 
 def fit(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.Popen:
-    command = [*(launcher or [sys.executable]), "-m", "template", "fit", *QUIET, *args]
+    # With every default on, as users run it: the progress bar (on rank 0 only), the monitor, checkpoints.
+    command = [*(launcher or [sys.executable]), "-m", "template", "fit", *args]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -60,6 +61,26 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tmp_path):
     assert [p.name for p in (ddp / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
     one, two = final_val_acc(single / "runs/digits/version_0"), final_val_acc(ddp / "runs/digits/version_0")
     assert one > 0.9 and abs(one - two) < 0.03, (one, two)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_with_every_default_finishes_three_runs_in_a_row(tmp_path):
+    # The README's CPU hint. Every rank must join each collective in the same order. Rank 0's
+    # progress bar, the one callback that runs on rank 0 alone, once computed the epoch's train/acc
+    # (an all_gather) in on_train_epoch_end; the other rank computed it later, after the collectives
+    # of the hooks between: TrainingMonitor's log_dir broadcast (every run) and, in the second run,
+    # NonFiniteGuard's check of its pending steps (no validation in epoch 0 flushes them first).
+    # On rank 1 the bar, disabled, also failed an assertion on fast validation batches.
+    tiny = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2"]
+    ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    pending_check = ["--nonfinite.check_every_n_steps", "3", "--trainer.check_val_every_n_epoch", "2"]
+    for extra in ([], pending_check, []):
+        output = finished(fit(tmp_path, *ddp, "--data.global_batch_size", "64", *tiny, *extra), timeout=120)
+        assert "run summary" in output
+    runs = tmp_path / "runs" / "digits"
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1", "version_2"]
+    rows = list(csv.DictReader((runs / "version_2" / "metrics.csv").open()))
+    assert [row["epoch"] for row in rows] == ["0", "1"] and all(float(row["train/acc"]) > 0 for row in rows)
 
 
 def free_port() -> int:

@@ -12,6 +12,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
 
+from template.callbacks.run_record import run_directory
+
 METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
 
 
@@ -84,14 +86,16 @@ class TrainingMonitor(Callback):
         speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
         for name, value in speed.items():
             pl_module.log(name, value)
-        log_dir = trainer.log_dir  # a broadcast: every rank asks
-        if not trainer.is_global_zero or log_dir is None or not trainer.loggers:
+        # Reading the metrics computes the epoch's, and those synced across DDP ranks (train/acc)
+        # sync then: every rank reads, so that every rank joins that collective here, in step.
+        # Validation ran before this hook, so they hold this epoch's train and val metrics.
+        metrics = trainer.callback_metrics
+        if not trainer.is_global_zero or not trainer.loggers or (run_dir := run_directory(trainer)) is None:
             return
-        # Validation ran before this hook, so the row holds this epoch's train and val metrics.
-        metrics = {k: round(float(v), 6) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1}
         self._rows.append({"epoch": trainer.current_epoch, "step": trainer.global_step, **metrics, **speed})
         fields = list(dict.fromkeys(key for row in self._rows for key in row))
-        with (Path(log_dir) / self.csv_name).open("w", newline="") as file:
+        with (Path(run_dir) / self.csv_name).open("w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=fields)
             writer.writeheader()
             writer.writerows(self._rows)

@@ -23,6 +23,8 @@ class ThrottledProgressBar(RichProgressBar):
         self._last_update = float("-inf")  # the first batch is always shown
 
     def _due(self, batch_idx: int, total: Callable[[], float | int | None]) -> bool:
+        if self.is_disabled:  # every DDP rank but 0: nothing to draw, and no current dataloader to count
+            return False
         now = time.monotonic()
         if batch_idx and now - self._last_update < 1 / max(self.refresh_rate, 1) and batch_idx + 1 != total():
             return False
@@ -41,3 +43,11 @@ class ThrottledProgressBar(RichProgressBar):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
         if self._due(batch_idx, lambda: self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The stock bar reads the metrics here, before Lightning has computed the epoch's: that
+        # read computes them, and a metric synced across DDP ranks (train/acc) then runs its
+        # all_gather on rank 0 alone, the only rank with a bar, while the others go on to the
+        # collectives of later hooks: a deadlock. The bar takes the epoch's values in with the
+        # next update instead, once every rank has computed them.
+        self.refresh()

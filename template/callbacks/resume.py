@@ -1,7 +1,11 @@
 """Exact resume and pre-emption: random-number state in the checkpoint; SIGTERM saves and stops."""
 
+import os
 import random
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 RNG_KEY = "rng_states"
+# A SIGTERM this soon after the first is the same request delivered twice: timeout(1) signals
+# the process and then its process group, and Lightning forwards rank 0's to the ranks it launched.
+REPEAT_AFTER_S = 2.0
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -51,12 +58,20 @@ class ResumeState(Callback):
     step, on every rank; this writes ``preempted_filename`` next to the other checkpoints first,
     and the CLI exits with status 143 and says how to resume. Under SLURM, Lightning's own
     SIGUSR1 handler saves and requeues (see scripts/slurm.sbatch).
+
+    Lightning's handler only sets a flag, which its loops read after each batch. A SIGTERM that
+    arrives outside the batches (in an epoch-end hook, while a checkpoint is written), or a
+    second one, ends the process at once (status 143, the ranks it launched killed): nothing
+    would read the flag soon, and a hung run (a deadlocked collective) would never read it.
     """
 
     def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
         self.preempted_filename = preempted_filename
         self.preempted: Path | None = None  # where the checkpoint on SIGTERM went
         self._pending: dict[str, Any] | None = None
+        self._in_batches = False  # within a loop's batches: Lightning reads its SIGTERM flag after this one
+        self._first_sigterm: float | None = None
+        self._watch: tuple[threading.Thread, int, int, int] | None = None  # thread, pipe ends, previous fd
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint[RNG_KEY] = collect_rng_states()
@@ -69,7 +84,78 @@ class ResumeState(Callback):
             restore_rng_states(self._pending)
             self._pending = None
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop_watching()
+        self._in_batches, self._first_sigterm = False, None
+        if threading.current_thread() is not threading.main_thread():
+            return  # set_wakeup_fd is for the main thread only, where signals are handled
+        # Python runs signal handlers in the main thread between bytecodes: never while it waits in
+        # a C++ collective, and a wait in Python resumes after the handler. The C-level handler
+        # writes each signal's number to the wakeup fd at once, for a thread to see it.
+        read, write = os.pipe()
+        os.set_blocking(write, False)  # a signal handler must never block on a full pipe
+        previous = signal.set_wakeup_fd(write)
+        thread = threading.Thread(target=self._watch_signals, args=(trainer, read), name="sigterm", daemon=True)
+        thread.start()
+        self._watch = (thread, read, write, previous)
+
+    def _watch_signals(self, trainer: L.Trainer, read: int) -> None:
+        while True:
+            for signum in os.read(read, 64):
+                if signum == 0:  # _stop_watching's
+                    return
+                if signum == signal.SIGTERM:
+                    self._on_sigterm(trainer)
+
+    def _on_sigterm(self, trainer: L.Trainer) -> None:
+        now = time.monotonic()
+        if self._first_sigterm is None:
+            self._first_sigterm = now
+            if self._in_batches:
+                return  # Lightning stops after this batch, and on_exception saves preempted.ckpt
+        elif now - self._first_sigterm < REPEAT_AFTER_S:
+            return
+        os.write(2, b"SIGTERM outside a batch, or a second one: exiting at once, without a checkpoint\n")
+        if trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signal.SIGKILL)  # as Lightning does on a second Ctrl-C
+        os._exit(128 + signal.SIGTERM)
+
+    def _stop_watching(self) -> None:
+        if self._watch is None:
+            return
+        thread, read, write, previous = self._watch
+        signal.set_wakeup_fd(previous)
+        os.write(write, b"\0")
+        thread.join()
+        os.close(read)
+        os.close(write)
+        self._watch = None
+
+    # Lightning reads its flag after every batch but a loop's last (and between batches, only the
+    # next one is loaded). After the last come hooks (validation's end, the epoch's end, with
+    # collectives and checkpoints) where a run can block, and Lightning reads it after those only.
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._in_batches = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
+        self._in_batches = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._in_batches = True
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
+        self._in_batches = not trainer.fit_loop.epoch_loop.val_loop.batch_progress.is_last_batch
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._stop_watching()
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        try:
+            self._save_on_sigterm(trainer, exception)
+        finally:
+            self._stop_watching()  # only now: a second SIGTERM while it saves still ends the process
+
+    def _save_on_sigterm(self, trainer: L.Trainer, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
             return
         directory = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir

@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
 
@@ -58,6 +59,18 @@ def environment_record(trainer: L.Trainer | None = None) -> dict:
     }
 
 
+def run_directory(trainer: L.Trainer) -> str | None:
+    """``trainer.log_dir`` as rank 0 knows it, without the broadcast that makes every rank ask.
+
+    For code that only rank 0 runs: a collective there, which the other ranks never join (or
+    join at another point, in another collective), hangs the run.
+    """
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    logger = trainer.loggers[0]
+    return logger.log_dir if isinstance(logger, TensorBoardLogger | CSVLogger) else logger.save_dir  # as Lightning
+
+
 class RunRecord(SaveConfigCallback):
     """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does) and ``env.json``
     into the run directory at the start of every run (``env-2.json``... on a resume).
@@ -65,11 +78,9 @@ class RunRecord(SaveConfigCallback):
     One callback for both: every callback costs a few µs at each of a training step's hooks.
     """
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        first = not self.already_saved
-        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank must ask, or rank 0 waits forever
-        super().setup(trainer, pl_module, stage)
-        if not first or not trainer.is_global_zero or log_dir is None or not trainer.loggers:
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning's hook for records besides config.yaml: on rank 0 only, once a run.
+        if not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
         run_dir = Path(log_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -83,10 +94,9 @@ class RunRecord(SaveConfigCallback):
         """A command that failed before it produced anything leaves no run directory behind: remove
         one that holds only what the start of a run writes. One with a checkpoint, or whose fit took
         a step (its curves show how it failed), stays."""
-        logger = trainer.logger
-        if not trainer.is_global_zero or logger is None or logger.log_dir is None:  # no collective: rank 0 alone
+        if not trainer.is_global_zero or not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
-        run_dir = Path(logger.log_dir)
+        run_dir = Path(log_dir)
         started = {"config.yaml", "hparams.yaml", "checkpoints"}
         names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
         if (

@@ -12,8 +12,7 @@ HERE = Path(__file__).resolve().parent
 def test_a_nan_on_one_rank_stops_every_rank_without_a_hang(tmp_path):
     # NaN pixels on rank 1 only: rank 0's own loss is finite, yet both must stop together.
     command = [
-        sys.executable, "-m", "template", "fit", "--trainer.enable_progress_bar", "false",
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+        sys.executable, "-m", "template", "fit", "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
         "--trainer.max_epochs", "3", "--data", "test_nonfinite.NaNDigits",
         "--data.init_args.nan_at_step", "12", "--data.init_args.nan_on_rank", "1",
     ]  # fmt: skip

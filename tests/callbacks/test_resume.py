@@ -3,9 +3,11 @@
 import csv
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,9 +16,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from template.callbacks.resume import REPEAT_AFTER_S
 from template.checkpoints import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 DETERMINISTIC = ["--trainer.deterministic", "true", "--trainer.log_every_n_steps", "5"]
 
 
@@ -150,3 +154,98 @@ def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_c
     assert lr[12] > 0.001 and all(value > 0 for step, value in lr.items() if step >= 12)  # the new one trains on
     assert lr[12] == pytest.approx(0.003 * (0.5 + 0.5 * math.cos(math.pi * (12 - 1) / (24 - 1))), rel=1e-3)
     assert [epoch for epoch, _ in epoch_rows(run_dir)] == ["0", "1", "2", "3"]
+
+
+class Hang(L.Callback):
+    """Blocks the last rank forever, as a deadlock would: inside the third training step
+    (``in_step``) or at the first epoch's end. It writes its process id to ``blocked`` first."""
+
+    def __init__(self, in_step: bool = False) -> None:
+        self.in_step = in_step
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if self.in_step and trainer.global_step == 2:
+            self.block(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.in_step:
+            self.block(trainer)
+
+    @staticmethod
+    def block(trainer: L.Trainer) -> None:
+        if trainer.global_rank == trainer.world_size - 1:
+            Path("blocked.tmp").write_text(str(os.getpid()))
+            Path("blocked.tmp").rename("blocked")  # whole, when the test sees it
+            threading.Event().wait()
+
+
+def hung_run(cwd: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    """A tiny run with the defaults users get, started and left blocked by ``Hang``; the process
+    and the process id of the blocked rank."""
+    command = [
+        sys.executable, "-m", "template", "fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4",
+        "--trainer.limit_val_batches", "2", "--trainer.callbacks+=test_resume.Hang", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (cwd / "blocked").exists():
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            pytest.fail(f"the run never blocked:\n{process.communicate()[1][-3000:]}")
+        time.sleep(0.05)
+    return process, int((cwd / "blocked").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead and waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def exit_status(process: subprocess.Popen, blocked_pid: int, seconds: float = 15) -> int:
+    """The status ``process`` exits with within ``seconds``, the blocked rank gone with it; fails
+    the test, ending every process of the run, otherwise."""
+    try:
+        process.communicate(timeout=seconds)  # its pipes close once the ranks it launched are gone too
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"still running {seconds} s after SIGTERM")
+    finally:
+        left_behind = alive(blocked_pid)
+        if left_behind:
+            os.kill(blocked_pid, signal.SIGKILL)
+    assert not left_behind, "the blocked rank outlived the run"
+    return process.returncode
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_blocked_outside_a_step_at_once(tmp_path):
+    # Blocked in a Python wait at an epoch's end, where Lightning's handler only sets a flag that
+    # nothing reads: `timeout` and schedulers could not stop such a run.
+    process, blocked_pid = hung_run(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert exit_status(process, blocked_pid) == 143
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_during_a_step_exits_at_once(tmp_path):
+    process, blocked_pid = hung_run(tmp_path, "--trainer.callbacks.in_step", "true")
+    process.send_signal(signal.SIGTERM)
+    time.sleep(REPEAT_AFTER_S + 0.5)
+    assert process.poll() is None  # the first is left to Lightning: the step ends, then it saves
+    process.send_signal(signal.SIGTERM)
+    assert exit_status(process, blocked_pid) == 143
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_hung_ddp_run_and_the_ranks_it_launched(tmp_path):
+    # Rank 1 blocks at the epoch's end; rank 0 then waits in its next collective, in C++, where
+    # no Python signal handler runs. SIGTERM to rank 0 alone, as `kill PID` sends it.
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    process, rank_1 = hung_run(tmp_path, *ddp)
+    time.sleep(1)  # rank 0 into its collective
+    process.send_signal(signal.SIGTERM)
+    assert exit_status(process, rank_1) == 143
