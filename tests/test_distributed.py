@@ -75,7 +75,7 @@ def test_two_process_ddp_with_every_default_finishes_three_runs_in_a_row(tmp_pat
     ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     pending_check = ["--nonfinite.check_every_n_steps", "3", "--trainer.check_val_every_n_epoch", "2"]
     for extra in ([], pending_check, []):
-        output = finished(fit(tmp_path, *ddp, "--data.global_batch_size", "64", *tiny, *extra), timeout=120)
+        output = finished(fit(tmp_path, *ddp, "--data.global_batch_size", "64", *tiny, *extra), timeout=180)
         assert "run summary" in output
     runs = tmp_path / "runs" / "digits"
     assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1", "version_2"]
