@@ -11,11 +11,11 @@ import torch
 from PIL import Image
 from torch import nn
 
-from template import doctor
 from template.cli import main
 from template.data import DigitsDataModule, ImageFolderDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
+from template.tools import doctor
 
 
 class PlainListNet(nn.Module):
