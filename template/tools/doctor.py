@@ -109,6 +109,19 @@ def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
     return keys, torch.as_tensor([int(label) for _, label in items])
 
 
+def image_names(datamodule: ImageDataModule, split: str, count: int) -> list[str]:
+    """What to call each image of a split in a report: its file where the DataModule records one
+    (``split_files``), else its position, with its index in the source where the DataModule
+    records that (``split_indices``, as the digits do)."""
+    files = getattr(datamodule, "split_files", {}).get(split)
+    if files is not None and len(files) == count:
+        return [str(file) for file in files]
+    indices = getattr(datamodule, "split_indices", {}).get(split)
+    if indices is not None and len(indices) == count:
+        return [f"{split}[{position}] (source image {index})" for position, index in enumerate(indices)]
+    return [f"{split}[{position}]" for position in range(count)]
+
+
 def check_splits(datamodule: ImageDataModule) -> list[Check]:
     """Labels in range, class balance, and images shared between train, val and test."""
     num_classes, checks = datamodule.num_classes, []
@@ -149,7 +162,8 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
         shared = [(seen[key], index) for index, key in enumerate(contents[second][0]) if key in seen]
         name = f"{first}/{second} overlap"
         if shared:
-            examples = ", ".join(f"{second}[{j}] = {first}[{i}]" for i, j in shared[:3])
+            names = {split: image_names(datamodule, split, len(contents[split][0])) for split in (first, second)}
+            examples = "; ".join(f"{names[second][j]} = {names[first][i]}" for i, j in shared[:3])
             checks.append(Check("data", name, "fail", f"{len(shared)} {second} image(s) also in {first}: {examples}",
                                 f"remove the duplicates: {second} accuracy measured on images trained on is inflated"))  # fmt: skip
         else:

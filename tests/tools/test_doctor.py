@@ -130,7 +130,7 @@ def test_the_default_config_passes_every_check(capsys):
         (InPlaceNet(), None, "backward", "inplace"),
         (None, NaNPixels(), "batches", "NaN"),
         (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
-        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train"),
+        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test[0] (source image"),
     ],
     ids=["plain-list", "softmax", "unused-branch", "in-place", "nan-pixels", "label-range", "test-in-train"],
 )
@@ -244,7 +244,10 @@ def test_folder_data_is_checked_on_either_path_and_a_copied_test_file_is_caught(
     for copy in range(3):  # some land in train whatever the seeded train/val split does
         shutil.copy(image_folder / "test" / "dog" / "003.jpg", image_folder / "train" / "dog" / f"copy{copy}.jpg")
     found = checks(ResNetSmall(3, 3), folder_data())
-    assert "train/test overlap" in failed(found) and "test image(s) also in train" in found["train/test overlap"].detail
+    overlap = found["train/test overlap"]
+    assert "train/test overlap" in failed(found) and "test image(s) also in train" in overlap.detail
+    # Named by their files: the test image, and the copy of it in train.
+    assert f"{image_folder / 'test' / 'dog' / '003.jpg'} = {image_folder / 'train' / 'dog' / 'copy'}" in overlap.detail
 
 
 def test_a_folder_without_test_images_is_a_warning_and_unreadable_files_a_named_failure(image_folder, tmp_path):
