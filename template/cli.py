@@ -45,7 +45,11 @@ from template.module import ClassificationModule
 DEFAULT_RUNS_DIR = "runs"
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 # Commands besides fit / validate / test / predict, each a module with main(args).
-EXTRA_COMMANDS = {"doctor": f"{PROGRAM}.doctor", "lr-find": f"{PROGRAM}.lr_find", "export": f"{PROGRAM}.export"}
+EXTRA_COMMANDS = {
+    "doctor": f"{PROGRAM}.tools.doctor",
+    "lr-find": f"{PROGRAM}.tools.lr_find",
+    "export": f"{PROGRAM}.tools.export",
+}
 
 # The recipe's defaults, written once: loaded before any --config file or option.
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from template.cli import PROGRAM, cli
-from template.export import build_parser
-from template.lr_find import build_parser as lr_find_parser
+from template.tools.export import build_parser
+from template.tools.lr_find import build_parser as lr_find_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

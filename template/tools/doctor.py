@@ -5,7 +5,9 @@
 
 It takes the same ``--config`` files and overrides as ``fit``, builds the same DataModule
 and model, and checks the environment, the data, the model, whether the model can
-memorise a small batch, its memory and its speed. Each check prints pass / warn / fail
+memorise a small batch, its memory and its speed. The last three train a copy of the
+configured LightningModule through its own training_step and configure_optimizers
+(``short_fit.py``), so a changed loss, optimizer or schedule is what they check. Each check prints pass / warn / fail
 with what it saw and what to do; any fail exits with status 1, so it can gate CI or a job.
 """
 
@@ -15,7 +17,6 @@ import importlib.metadata
 import os
 import platform
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from torch import nn
 from template.cli import PROGRAM, cli
 from template.data.base import ImageDataModule
 from template.data.loaders import TensorImageDataset
-from template.module import ClassificationModule, parameter_groups
+from template.module import ClassificationModule
+from template.tools.short_fit import measure_steps, memorise
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
@@ -107,6 +109,19 @@ def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
     return keys, torch.as_tensor([int(label) for _, label in items])
 
 
+def image_names(datamodule: ImageDataModule, split: str, count: int) -> list[str]:
+    """What to call each image of a split in a report: its file where the DataModule records one
+    (``split_files``), else its position, with its index in the source where the DataModule
+    records that (``split_indices``, as the digits do)."""
+    files = getattr(datamodule, "split_files", {}).get(split)
+    if files is not None and len(files) == count:
+        return [str(file) for file in files]
+    indices = getattr(datamodule, "split_indices", {}).get(split)
+    if indices is not None and len(indices) == count:
+        return [f"{split}[{position}] (source image {index})" for position, index in enumerate(indices)]
+    return [f"{split}[{position}]" for position in range(count)]
+
+
 def check_splits(datamodule: ImageDataModule) -> list[Check]:
     """Labels in range, class balance, and images shared between train, val and test."""
     num_classes, checks = datamodule.num_classes, []
@@ -147,7 +162,8 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
         shared = [(seen[key], index) for index, key in enumerate(contents[second][0]) if key in seen]
         name = f"{first}/{second} overlap"
         if shared:
-            examples = ", ".join(f"{second}[{j}] = {first}[{i}]" for i, j in shared[:3])
+            names = {split: image_names(datamodule, split, len(contents[split][0])) for split in (first, second)}
+            examples = "; ".join(f"{names[second][j]} = {names[first][i]}" for i, j in shared[:3])
             checks.append(Check("data", name, "fail", f"{len(shared)} {second} image(s) also in {first}: {examples}",
                                 f"remove the duplicates: {second} accuracy measured on images trained on is inflated"))  # fmt: skip
         else:
@@ -272,91 +288,62 @@ def shape_table(net: nn.Module, images: torch.Tensor) -> Table:
     return table
 
 
-def trainable_copy(model: ClassificationModule, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A copy of the network on ``device``, in training mode, with the configured optimizer."""
-    net = copy.deepcopy(model.net).to(device).train()
-    return net, model.optimizer(parameter_groups(net))
-
-
-def check_learnability(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
-                       steps: int = 200, target: float = 0.05) -> Check:  # fmt: skip
-    """Can the configured network and optimizer memorise a few images? If not, nothing else matters."""
-    net, optimizer = trainable_copy(model, images.device)
-    losses = []
-    for _ in range(steps):
-        loss = F.cross_entropy(net(images), labels)  # no label smoothing: it keeps the loss above 0
-        losses.append(loss.item())
-        if losses[-1] < target:
-            break
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    name, trend = "overfit one batch", f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-    if losses[-1] < target:
-        return Check(
-            "learnability", name, "pass", f"{len(images)} images memorised: {trend} in {len(losses) - 1} steps"
-        )
+def check_learnability(model: ClassificationModule, trainer: L.Trainer, images: torch.Tensor, labels: torch.Tensor,
+                       steps: int = 200) -> Check:  # fmt: skip
+    """Can the configured module, with its own loss, optimizer and schedule, memorise a few images?
+    If not, nothing else matters."""
+    name = "overfit one batch"
+    try:
+        result = memorise(model, trainer, images, labels, steps)
+    except Exception as error:  # reported as the failed check, in the module's own words
+        return Check("learnability", "training step", "fail", f"{type(error).__name__}: {error}",
+                     "fix the module's training_step or configure_optimizers")  # fmt: skip
+    losses = result.losses
+    trend = f"the module's loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    if result.memorised:
+        return Check("learnability", name, "pass", f"{len(images)} images memorised: {trend} in {len(losses)} steps")
     return Check("learnability", name, "fail", f"{len(images)} images not memorised in {steps} steps: {trend}",
                  "check the learning rate, that the loss sees the network's output, and that labels match images")  # fmt: skip
 
 
-def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
-
-
-def check_memory_and_speed(model: ClassificationModule, images: torch.Tensor, labels: torch.Tensor,
-                           batch_size: int, device: torch.device, seconds: float = 1.0) -> list[Check]:  # fmt: skip
-    """Memory of one training step at the configured batch, and images/s of a short timed loop."""
-    net, optimizer = trainable_copy(model, device)
+def check_memory_and_speed(model: ClassificationModule, trainer: L.Trainer, images: torch.Tensor,
+                           labels: torch.Tensor, batch_size: int, seconds: float = 1.0) -> list[Check]:  # fmt: skip
+    """Memory of one training step at the configured batch, and images/s of a short timed fit."""
+    device = trainer.strategy.root_device
     repeats = -(-batch_size // len(images))
-    batch = images.repeat(repeats, 1, 1, 1)[:batch_size].to(device), labels.repeat(repeats)[:batch_size].to(device)
-    activations = []
-    hooks = [m.register_forward_hook(lambda m, i, out: activations.append(tensor_bytes([out])))
-             for m in net.modules() if not list(m.children())]  # fmt: skip
+    batch = images.repeat(repeats, 1, 1, 1)[:batch_size], labels.repeat(repeats)[:batch_size]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=False)
-        F.cross_entropy(net(batch[0]), batch[1]).backward()
-        optimizer.step()
-
     try:
-        step()
+        measured = measure_steps(model, trainer, batch, seconds, max_steps=1000)
     except torch.OutOfMemoryError as error:
         return [Check("resources", "memory", "fail", str(error).splitlines()[0],
                       "lower data.batch_size, use bf16-mixed or model.net.checkpoint_stages")]  # fmt: skip
-    for hook in hooks:
-        hook.remove()
-    mb = 2**20
-    params = tensor_bytes(net.parameters())
-    grads = tensor_bytes(p.grad for p in net.parameters())
-    state = tensor_bytes(t for s in optimizer.state.values() for t in s.values())
-    detail = (f"batch {batch_size}: parameters {params / mb:.1f} MB, gradients {grads / mb:.1f} MB, optimizer "
-              f"{state / mb:.1f} MB, activations ~{sum(activations) / mb:.1f} MB (layer outputs)")  # fmt: skip
+    mb, memory = 2**20, measured.memory
+    detail = (f"batch {batch_size}: parameters {memory['parameters'] / mb:.1f} MB, gradients "
+              f"{memory['gradients'] / mb:.1f} MB, optimizer {memory['optimizer'] / mb:.1f} MB, activations "
+              f"~{memory['activations'] / mb:.1f} MB (layer outputs)")  # fmt: skip
     if device.type == "cuda":
         detail += (f"; CUDA peak allocated {torch.cuda.max_memory_allocated(device) / mb:.0f} MB, "
                    f"reserved {torch.cuda.max_memory_reserved(device) / mb:.0f} MB")  # fmt: skip
-    checks = [Check("resources", "memory", "pass", detail)]
-    step()  # warm-up: allocator and kernel choice
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    sync()
-    start, steps = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds or steps < 2:
-        step()
-        steps += 1
-        sync()
-    rate = steps * batch_size / (time.perf_counter() - start)
-    checks.append(Check("resources", "throughput", "pass", f"{rate:,.0f} images/s training (fp32, {device}, "
-                        f"{steps} steps of {batch_size}; data loading not included)"))  # fmt: skip
-    return checks
+    rate = measured.timed_steps * batch_size / measured.elapsed
+    throughput = (f"{rate:,.0f} images/s training ({trainer.precision}, {device}, {measured.timed_steps} steps "
+                  f"of {batch_size} through the module's training_step; data loading not included)")  # fmt: skip
+    return [Check("resources", "memory", "pass", detail), Check("resources", "throughput", "pass", throughput)]
 
 
 def run_checks(
-    model: ClassificationModule, datamodule: ImageDataModule, trainer: L.Trainer, overfit_images: int = 16
+    model: ClassificationModule,
+    datamodule: ImageDataModule,
+    trainer: L.Trainer,
+    accelerator: str = "auto",
+    overfit_images: int = 16,
 ) -> tuple[list[Check], Table | None]:
-    """Every check, in order, and the network's stage table once a clean batch is at hand."""
-    checks = check_environment(str(trainer._accelerator_connector._accelerator_flag))
+    """Every check, in order, and the network's stage table once a clean batch is at hand.
+
+    ``trainer`` is the configured one, for its device, precision and gradient clipping (the fits
+    run under Trainers of their own); ``accelerator`` is the configured ``trainer.accelerator``."""
+    checks = check_environment(accelerator)
     try:
         batch_size = datamodule.device_batch_size(trainer.world_size)
     except ValueError as error:
@@ -379,9 +366,9 @@ def run_checks(
     checks += check_model(model.net, *few, datamodule.num_classes)
     if any(check.status == "fail" for check in checks if check.group == "model"):
         return checks, None
-    device = trainer.strategy.root_device
-    checks.append(check_learnability(model, *(tensor.to(device) for tensor in few)))
-    checks += check_memory_and_speed(model, images, labels, batch_size, device)
+    checks.append(check_learnability(model, trainer, *few))
+    if checks[-1].name != "training step":  # a step that raises cannot be timed either
+        checks += check_memory_and_speed(model, trainer, images, labels, batch_size)
     return checks, shape_table(model.net, images)
 
 
@@ -399,7 +386,10 @@ def report(checks: list[Check], console: Console) -> None:
 def main(args: list[str]) -> None:
     """``template doctor [fit options]``: exit status 1 when any check fails."""
     built = cli(args, run=False, command="doctor")
-    checks, stages = run_checks(built.model, built.datamodule, built.trainer)
+    # The accelerator asked for ("auto", "gpu"...), not the one Lightning chose: asking for a GPU
+    # that cannot be used is a failure, running on the CPU when none is asked for is not.
+    accelerator = str(built.config.get("trainer", {}).get("accelerator", "auto"))
+    checks, stages = run_checks(built.model, built.datamodule, built.trainer, accelerator)
     console = Console()
     if stages is not None:
         console.print(stages)

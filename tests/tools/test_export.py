@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 
 from template.checkpoints import load_weights
 from template.cli import main
-from template.export import FORMATS, export
 from template.nets import ResNetSmall
+from template.tools.export import FORMATS, export
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from template.checkpoints import (
     load_checkpoint,
     load_weights,
 )
+from template.cli import PROGRAM
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
@@ -104,7 +105,7 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"{__package__} export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"{PROGRAM} export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
     parser.add_argument("--output", help="where to write (default: beside the checkpoint)")

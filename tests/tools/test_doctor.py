@@ -10,12 +10,13 @@ import pytest
 import torch
 from PIL import Image
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
-from template import doctor
 from template.cli import main
 from template.data import DigitsDataModule, ImageFolderDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
+from template.tools import doctor
 
 
 class PlainListNet(nn.Module):
@@ -76,11 +77,34 @@ class DuplicatedTestImage(DigitsDataModule):
         return images, labels
 
 
-def checks(net: nn.Module | None = None, data: DigitsDataModule | None = None, lr: float = 3e-3) -> dict:
+class MisalignedLabels(ClassificationModule):
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return super()._loss(logits, labels.roll(1))  # the bug: each image is scored against another's label
+
+
+class DetachedLoss(ClassificationModule):
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return super()._loss(logits, labels).detach()  # the bug: no gradient flows back from the loss
+
+
+def no_learning_rate(optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: 0.0)  # the bug: a schedule that multiplies the LR by 0
+
+
+def checks(
+    net: nn.Module | None = None,
+    data: DigitsDataModule | None = None,
+    lr: float = 3e-3,
+    module: type[ClassificationModule] = ClassificationModule,
+    **options,
+) -> dict:
     L.seed_everything(0)
-    model = ClassificationModule(net or ResNetSmall(10, 1), optimizer=partial(torch.optim.AdamW, lr=lr))
+    data = data or DigitsDataModule()
+    # num_classes as the CLI links it: the module's training_step measures accuracy over them.
+    optimizer = partial(torch.optim.AdamW, lr=lr)
+    model = module(net or ResNetSmall(10, 1), num_classes=data.num_classes, optimizer=optimizer, **options)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
-    found, _ = doctor.run_checks(model, data or DigitsDataModule(), trainer)
+    found, _ = doctor.run_checks(model, data, trainer)
     return {check.name: check for check in found}
 
 
@@ -106,7 +130,7 @@ def test_the_default_config_passes_every_check(capsys):
         (InPlaceNet(), None, "backward", "inplace"),
         (None, NaNPixels(), "batches", "NaN"),
         (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
-        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train"),
+        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test[0] (source image"),
     ],
     ids=["plain-list", "softmax", "unused-branch", "in-place", "nan-pixels", "label-range", "test-in-train"],
 )
@@ -120,6 +144,38 @@ def test_a_model_that_cannot_learn_fails_the_overfit_check():
     found = checks(lr=0.0)
     assert failed(found) == ["overfit one batch"]
     assert "not memorised" in found["overfit one batch"].detail
+
+
+@pytest.mark.parametrize(
+    ("options", "check", "says"),
+    [
+        ({"module": MisalignedLabels}, "overfit one batch", "not memorised"),
+        ({"module": DetachedLoss}, "training step", "does not require grad"),
+        ({"lr_scheduler": no_learning_rate}, "overfit one batch", "not memorised"),
+    ],
+    ids=["misaligned-labels", "detached-loss", "zero-lr-schedule"],
+)
+def test_the_overfit_check_trains_with_the_modules_own_loss_and_optimizers(options, check, says):
+    found = checks(**options)
+    assert failed(found) == [check], {name: c.detail for name, c in found.items()}
+    assert says in found[check].detail
+
+
+def test_the_overfit_check_reports_the_modules_loss_and_leaves_the_model_unchanged():
+    smoothing = 0.2
+    L.seed_everything(0)
+    model = ClassificationModule(ResNetSmall(10, 1), label_smoothing=smoothing)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    found, _ = doctor.run_checks(model, DigitsDataModule(), L.Trainer(accelerator="cpu", logger=False))
+    overfit = {check.name: check for check in found}["overfit one batch"]
+    # The smoothed loss never goes below the entropy of its target: 1 - smoothing + smoothing / 10
+    # on the true class, smoothing / 10 on each other.
+    target = torch.full((10,), smoothing / 10)
+    target[0] += 1 - smoothing
+    floor = -(target * target.log()).sum().item()
+    final = float(re.search(r"-> (\S+) in", overfit.detail).group(1))
+    assert overfit.status == "pass" and floor - 1e-3 <= final < 2 * floor, overfit.detail
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
 
 
 def test_any_failed_check_exits_non_zero_and_names_it(capsys):
@@ -188,7 +244,10 @@ def test_folder_data_is_checked_on_either_path_and_a_copied_test_file_is_caught(
     for copy in range(3):  # some land in train whatever the seeded train/val split does
         shutil.copy(image_folder / "test" / "dog" / "003.jpg", image_folder / "train" / "dog" / f"copy{copy}.jpg")
     found = checks(ResNetSmall(3, 3), folder_data())
-    assert "train/test overlap" in failed(found) and "test image(s) also in train" in found["train/test overlap"].detail
+    overlap = found["train/test overlap"]
+    assert "train/test overlap" in failed(found) and "test image(s) also in train" in overlap.detail
+    # Named by their files: the test image, and the copy of it in train.
+    assert f"{image_folder / 'test' / 'dog' / '003.jpg'} = {image_folder / 'train' / 'dog' / 'copy'}" in overlap.detail
 
 
 def test_a_folder_without_test_images_is_a_warning_and_unreadable_files_a_named_failure(image_folder, tmp_path):

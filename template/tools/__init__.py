@@ -1,0 +1,1 @@
+"""Commands beside training (doctor, lr-find, export); the training core never imports them."""

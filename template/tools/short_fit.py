@@ -1,0 +1,131 @@
+"""Short fits of a copy of the configured LightningModule, for the doctor: memorise a few images,
+and measure a training step's memory and time.
+
+Each runs under a real Trainer of its own, so what it exercises is the module's own
+``training_step`` (its loss, label smoothing included) and ``configure_optimizers`` (its
+optimizer and schedule), with the configured precision and gradient clipping. The user's
+model is deep-copied first and never changed.
+"""
+
+import contextlib
+import copy
+import itertools
+import logging
+import time
+import warnings
+
+import lightning as L
+import torch
+
+
+def short_fit(model: L.LightningModule, trainer: L.Trainer, batch: tuple, steps: int, callback: L.Callback) -> None:
+    """Fit a copy of ``model`` on ``batch`` repeated ``steps`` times, on the device, precision and
+    gradient clipping of the configured ``trainer``: one device, and nothing written (no logger,
+    checkpoint, progress bar, summary or validation)."""
+    device = trainer.strategy.root_device
+    # The same batch, already normalised and on the device. Not a list of it: a list would be
+    # read as one loader per item.
+    batches = itertools.repeat(tuple(tensor.to(device) for tensor in batch), steps)
+    with quietly():
+        quick = L.Trainer(
+            accelerator=device.type,
+            devices=[device.index] if device.type == "cuda" and device.index is not None else 1,
+            precision=trainer.precision,
+            gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+            max_steps=steps,  # also the length the module's scheduler plans for (estimated_stepping_batches)
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[callback],
+        )
+        quick.fit(copy.deepcopy(model), train_dataloaders=batches)
+
+
+@contextlib.contextmanager
+def quietly():
+    """Without Lightning's notes on its setup (devices found, validation skipped): said once
+    already by the configured Trainer, they would only repeat for every short fit."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+class Memorise(L.Callback):
+    """Records the module's loss at each step, and stops once the batch is learnt: every image
+    classified right (by the logits of the training step's own forward) and the loss down to
+    half its first value or less (a loss with label smoothing has a floor above 0: no fixed target)."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels, self.losses, self.logits, self.memorised = labels.cpu(), [], None, False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.net.register_forward_hook(lambda net, inputs, logits: setattr(self, "logits", logits.detach()))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.losses.append(float(outputs["loss"]))  # what training_step returned
+        correct = self.logits is not None and torch.equal(self.logits.argmax(1).cpu(), self.labels)
+        if correct and self.losses[-1] <= self.losses[0] / 2:
+            self.memorised = trainer.should_stop = True
+
+
+def memorise(model: L.LightningModule, trainer: L.Trainer, images: torch.Tensor, labels: torch.Tensor,
+             steps: int) -> Memorise:  # fmt: skip
+    """Train on one batch for up to ``steps`` steps; the result holds the losses and whether it was learnt."""
+    result = Memorise(labels)
+    short_fit(model, trainer, (images, labels), steps, result)
+    return result
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+class MeasureSteps(L.Callback):
+    """Memory after the first step (layer outputs, parameters, gradients, optimizer state), then
+    the time of the steps after a second, warm-up one, for ``seconds`` and at least two steps."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.memory, self.timed_steps, self.elapsed = seconds, {}, 0, 0.0
+        self.activations, self.hooks, self.start = [], [], 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self.hooks = [module.register_forward_hook(lambda m, i, out: self.activations.append(tensor_bytes([out])))
+                          for module in pl_module.net.modules() if not list(module.children())]  # fmt: skip
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        if batch_idx == 0:
+            for hook in self.hooks:
+                hook.remove()
+            parameters = list(pl_module.parameters())  # their gradients stay until the next step zeroes them
+            self.memory = {
+                "parameters": tensor_bytes(parameters),
+                "gradients": tensor_bytes(p.grad for p in parameters),
+                "optimizer": tensor_bytes(t for o in trainer.optimizers for s in o.state.values() for t in s.values()),
+                "activations": sum(self.activations),
+            }
+        elif batch_idx == 1:  # the warm-up step: allocator and kernel choice
+            self.start = time.perf_counter()
+        else:
+            self.timed_steps, self.elapsed = batch_idx - 1, time.perf_counter() - self.start
+            if self.elapsed >= self.seconds and self.timed_steps >= 2:
+                trainer.should_stop = True
+
+
+def measure_steps(model: L.LightningModule, trainer: L.Trainer, batch: tuple, seconds: float,
+                  max_steps: int) -> MeasureSteps:  # fmt: skip
+    """Train on ``batch`` until ``seconds`` of timed steps have passed (or ``max_steps``)."""
+    result = MeasureSteps(seconds)
+    short_fit(model, trainer, batch, max_steps, result)
+    return result
