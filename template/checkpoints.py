@@ -132,7 +132,8 @@ def read_checkpoint(path: str | Path, model_class: type | None = None, tensors: 
 
 def default_model_class() -> type:
     """The LightningModule whose arguments a checkpoint's hyper-parameters are, unless they name one."""
-    from template.module import ClassificationModule  # imported here: the module loads checkpoints too
+    # Imported here: the module loads checkpoints too.
+    from template.module import ClassificationModule
 
     return ClassificationModule
 

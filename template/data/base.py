@@ -17,7 +17,12 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset
 
 from template.data.augment import augment, channel_stats, normalize
-from template.data.loaders import ResumableSampler, Split, TensorImageDataset, keep_batch
+from template.data.loaders import (  # one name a line: a renamed project's longer package name fits
+    ResumableSampler,
+    Split,
+    TensorImageDataset,
+    keep_batch,
+)
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
