@@ -207,13 +207,16 @@ class ClassificationCLI(LightningCLI):
             self.print_summary(Path(run_directory(self.trainer) or "."))
 
     def print_summary(self, run_dir: Path) -> None:
-        best, last = self._get(self.config_init, "checkpoint"), self._get(self.config_init, "last_checkpoint")
+        # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
+        checkpoints = self.trainer.checkpoint_callbacks
+        best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)
+        last = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and not c.monitor), None)
         lines = [f"run directory    {run_dir}"]
-        if best.best_model_path:
+        if best is not None and best.best_model_path:
             lines += [
                 f"best checkpoint  {best.best_model_path}",
                 f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
-                f"last checkpoint  {last.best_model_path}",
+                *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
                 f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}",
             ]
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
