@@ -123,6 +123,11 @@ def read_checkpoint(path: str | Path, model_class: type | None = None, tensors: 
         if "mmap" not in str(error):
             raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+    return check_contents(checkpoint, path, model_class, tensors)
+
+
+def check_contents(checkpoint: Any, path: str | Path, model_class: type | None, tensors: bool) -> dict[str, Any]:
+    """``checkpoint`` after the checks of its layout, the classes it names and (``tensors``) its digest."""
     check_layout(checkpoint, path)
     check_class_paths(checkpoint, str(path), model_class or default_model_class())
     if tensors:
@@ -161,9 +166,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     check_checkpoint_is_safe(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
-        check_layout(checkpoint, path)
-        check_class_paths(checkpoint, str(path), default_model_class())
-        verify_digest(checkpoint, str(path))
+        check_contents(checkpoint, path, None, tensors=True)
     return checkpoint
 
 
