@@ -2,7 +2,6 @@
 say what data and run they came from."""
 
 import errno
-import json
 import os
 import pickle
 from pathlib import Path
@@ -168,43 +167,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
         check_contents(checkpoint, path, None, tensors=True)
     return checkpoint
-
-
-# DataModule arguments that say where to write, what else to read and what to start, not what the
-# data is: a checkpoint's values for them are not used.
-NOT_RECORDED = ("cache_dir", "predict_path", "num_workers", "download")
-
-
-def recorded_datamodule(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
-    hyper-parameters LightningCLI saved in it; None when it holds none. For a checkpoint from
-    ``read_checkpoint``: the class path is one it may name."""
-    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    hparams.pop("_instantiator", None)
-    for where_and_how in NOT_RECORDED:  # this machine's choices, not the data's: never a stranger's
-        hparams.pop(where_and_how, None)
-    class_path = hparams.pop("_class_path", None)
-    return {"class_path": class_path, "init_args": hparams} if class_path else None
-
-
-def training_run(path: str | Path) -> Path | None:
-    """The run directory (runs/<name>/<version>) a checkpoint in its checkpoints/ folder belongs to."""
-    checkpoint = Path(path).resolve()
-    run_dir = checkpoint.parent.parent
-    return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
-
-
-def recorded_arguments(checkpoint: dict[str, Any], path: str | Path, evaluating: bool) -> list[str]:
-    """Command-line options for what a checkpoint knows of its run: the DataModule it was trained
-    with and, when ``evaluating`` it, the runs directory and name of that run (a new version is
-    logged beside it; a resumed fit continues the run itself)."""
-    arguments = []
-    if (data := recorded_datamodule(checkpoint)) is not None:
-        arguments += ["--data", json.dumps(data)]
-    if evaluating and (run_dir := training_run(path)) is not None:
-        logger = "--trainer.logger.init_args"
-        arguments += [f"{logger}.save_dir", str(run_dir.parent.parent), f"{logger}.name", run_dir.parent.name]
-    return arguments
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:

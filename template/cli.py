@@ -12,7 +12,9 @@ import sys
 import warnings
 from pathlib import Path
 
+import lightning as L
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -36,13 +38,18 @@ from template.checkpoints import (
     CheckpointError,
     find_checkpoint,
     read_checkpoint,
-    recorded_arguments,
-    training_run,
 )
 from template.data import ImageDataModule
+from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
+from template.runs import (
+    continue_run_directory,
+    is_tensorboard,
+    runs_dir,
+    trained_config,
+    without_data_options,
+)
 
-DEFAULT_RUNS_DIR = "runs"
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 # Commands besides fit / validate / test / predict, each a module with main(args).
 EXTRA_COMMANDS = {
@@ -64,17 +71,30 @@ class _NoAdverts(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
 
 
+# Callbacks every run has, each configured by a section of its own: --checkpoint.monitor...
+CALLBACKS = {
+    "checkpoint": ModelCheckpoint,  # the best by validation
+    "last_checkpoint": ModelCheckpoint,
+    "lr_monitor": LearningRateMonitor,
+    "predictions": PredictionWriter,
+    "nonfinite": NonFiniteGuard,
+    "monitor": TrainingMonitor,
+}
+
+
 class ClassificationCLI(LightningCLI):
     """LightningCLI with this project's defaults, argument links and run summary."""
 
+    @property
+    def sections(self) -> dict[str, type]:
+        """The class whose arguments each section of a configuration holds."""
+        return {"trainer": L.Trainer, "model": self.model_class, **CALLBACKS}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The best checkpoint and last.ckpt; their settings, like every default, are in DEFAULT_CONFIG.
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
-        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
-        parser.add_lightning_class_args(PredictionWriter, "predictions")
-        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
-        parser.add_lightning_class_args(TrainingMonitor, "monitor")
+        # The best checkpoint, last.ckpt and the other callbacks; their settings, like every default,
+        # are in DEFAULT_CONFIG.
+        for section, callback in CALLBACKS.items():
+            parser.add_lightning_class_args(callback, section)
         # The DataModule knows the classes, channels and image size; the model is told,
         # so they are never stated twice.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -84,57 +104,54 @@ class ClassificationCLI(LightningCLI):
         parser.link_arguments("data.in_channels", "model.net.init_args.in_channels", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Parse as LightningCLI does; with a checkpoint, again, after its run's configuration
+        (``template.runs``): what it was trained with, which every --config file and option given
+        overrides."""
         self.trained: tuple[str, dict] | None = None  # the checkpoint and the hyper-parameters it was trained with
+        self.preprocessing: dict | None = None  # and how its inputs were prepared (template.data.preprocessing)
         argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
-        # Evaluating or resuming a checkpoint defaults to the DataModule it was trained on, so --data
-        # options may be that one's (--data.predict_path): parse without them until it is known.
+        # --data options may be for the checkpoint's DataModule, not yet known: left out until it is.
         ckpt_given = argv is not None and any(token.split("=")[0] == "--ckpt_path" for token in argv)
         super().parse_arguments(parser, without_data_options(argv) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
-        if subcommand is None:
-            if ckpt_given:
-                super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
-            return
-        ckpt_path = self.config[subcommand].get("ckpt_path")
-        if ckpt_path in CHECKPOINT_ALIASES:
-            try:
-                ckpt_path = str(find_checkpoint(ckpt_path, runs_dir(self.config[subcommand])))
-            except FileNotFoundError as error:
-                parser.error(str(error))
-            if rank_zero_only.rank == 0:
-                print(f"--ckpt_path {self.config[subcommand]['ckpt_path']} -> {ckpt_path}")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and argv is not None:  # a --ckpt_path from a --config file too
+            ckpt_path, config = self.trained_config(parser, subcommand, ckpt_path)
+            at = argv.index(subcommand) + 1  # first, so that every option given follows
+            at += 2 if argv[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0  # after the recipe's defaults
+            self.config = parser.parse_args([*argv[:at], "--config", yaml.safe_dump(config), *argv[at:]])
             self.config[subcommand]["ckpt_path"] = ckpt_path
-        checkpoint = None
-        if ckpt_path:
-            # LightningCLI reads the checkpoint's hyper-parameters next and instantiates the classes
-            # they name: check it first, so a doctored file is refused with a reason before any byte
-            # of it is unpickled and before any module it names is imported.
-            if not Path(ckpt_path).is_file():
-                parser.error(f"--ckpt_path {ckpt_path}: no such file")
-            try:
-                checkpoint = read_checkpoint(ckpt_path, ClassificationModule, tensors=False)
-            except CheckpointError as error:
-                parser.error(str(error))
-            self.trained = (ckpt_path, checkpoint.get("hyper_parameters") or {})
-        if argv is not None and (ckpt_given or ckpt_path):  # a --ckpt_path from a --config file too
-            self.parse_with_recorded_data(parser, argv, subcommand, ckpt_path, checkpoint)
-        if self.config[subcommand].get("weights_only") is None:
+        elif ckpt_given:
+            super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
+        if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
 
-    def parse_with_recorded_data(
-        self, parser: LightningArgumentParser, argv: list[str], subcommand: str, ckpt_path: str | None, checkpoint
-    ) -> None:
-        """Parse the whole command line again, after the DataModule the checkpoint was trained on and,
-        when evaluating, the runs directory and name of its run: defaults, which --config files and
-        options given still override (Lightning restores the model's own arguments next). Without
-        them, `test --ckpt_path X` of a model trained on other data met the digits, and logged as
-        a run of theirs."""
-        recorded = recorded_arguments(checkpoint, ckpt_path, evaluating=subcommand != "fit") if ckpt_path else []
-        at = argv.index(subcommand) + 1 if subcommand in argv else 0  # first, so every option given follows
-        at += 2 if argv[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0  # after the recipe's defaults
-        self.config = parser.parse_args([*argv[:at], *recorded, *argv[at:]])
-        self.config[subcommand]["ckpt_path"] = ckpt_path
+    def trained_config(self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str) -> tuple[str, dict]:
+        """The checkpoint's path (``best`` and ``last`` resolved) and its run's configuration, checked."""
+        if ckpt_path in CHECKPOINT_ALIASES:
+            try:
+                found = str(find_checkpoint(ckpt_path, runs_dir(self.config[subcommand])))
+            except FileNotFoundError as error:
+                parser.error(str(error))
+            if rank_zero_only.rank == 0:
+                print(f"--ckpt_path {ckpt_path} -> {found}")
+            ckpt_path = found
+        if not Path(ckpt_path).is_file():
+            parser.error(f"--ckpt_path {ckpt_path}: no such file")
+        try:
+            # Refused with a reason before any byte of it is unpickled and any module it names imported.
+            checkpoint = read_checkpoint(ckpt_path, self.model_class, tensors=False)
+            config = trained_config(ckpt_path, checkpoint, self.sections, evaluating=subcommand != "fit")
+        except CheckpointError as error:
+            parser.error(str(error))
+        self.trained = (ckpt_path, checkpoint.get("hyper_parameters") or {})
+        self.preprocessing = recorded_preprocessing(checkpoint)
+        return ckpt_path, config
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI would now apply the checkpoint's hyper-parameters over the options given;
+        here they came first, with the run's configuration (``parse_arguments``)."""
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
@@ -182,9 +199,12 @@ class ClassificationCLI(LightningCLI):
                 mismatches.append(f"{what}: trained on {list_of(then)}, the data gives {list_of(now)}")
         if mismatches:
             raise ValueError(
-                f"{ckpt_path} does not fit this data; " + "; ".join(mismatches) + ". Give the data options it "
-                "was trained with (its run's config.yaml holds them), e.g. the same --data.image_size."
+                f"{ckpt_path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
+                "that change them: evaluating a checkpoint starts from the data it was trained with."
             )
+        if self.preprocessing is not None and isinstance(data, ImageDataModule):
+            # Normalised as in training, whatever DataModule is given, and without its training images.
+            data.use_preprocessing(self.preprocessing, source=ckpt_path)
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
@@ -241,41 +261,8 @@ def with_default_config(argv: list[str], run: bool) -> list[str]:
     return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
 
 
-def without_data_options(argv: list[str]) -> list[str]:
-    """``argv`` less its --data options, each with its value (the next token, or after ``=``)."""
-    kept, value_next = [], False
-    for token in argv:
-        if value_next:
-            value_next = False
-        elif token.split("=")[0] == "--data" or token.startswith("--data."):
-            value_next = "=" not in token
-        else:
-            kept.append(token)
-    return kept
-
-
 def list_of(value) -> list | int:
     return list(value) if isinstance(value, list | tuple) else value
-
-
-def is_tensorboard(logger) -> bool:
-    return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
-
-
-def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
-    """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
-    if (run_dir := training_run(ckpt_path)) is not None:
-        logger.init_args.save_dir = str(run_dir.parent.parent)
-        logger.init_args.name = run_dir.parent.name
-        logger.init_args.version = run_dir.name
-
-
-def runs_dir(config: Namespace) -> str:
-    """Where the configured TensorBoard logger writes its runs."""
-    logger = config.get("trainer", {}).get("logger")
-    if is_tensorboard(logger):
-        return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
-    return DEFAULT_RUNS_DIR
 
 
 def cli(args: list[str] | None = None, run: bool = True, command: str | None = None) -> ClassificationCLI:

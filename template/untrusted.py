@@ -225,6 +225,23 @@ def check_class_paths(checkpoint: dict, source: str, model_class: type | None = 
     )  # fmt: skip
 
 
+def check_config(config: Any, source: str, sections: dict[str, type]) -> None:
+    """Refuse a run's config.yaml (as untrusted as the checkpoint beside it) that names, anywhere, a
+    class of the wrong kind or from a module neither imported nor trusted. ``sections``: the class
+    whose arguments each top-level key holds (``trainer``: ``Trainer``...); ``data`` names a
+    LightningDataModule; any other key is checked failing closed."""
+    if not isinstance(config, dict):
+        raise DamagedCheckpointError(f"{source} is not a configuration: a {type(config).__name__}, not a mapping")
+    for key, value in config.items():
+        check_name(key, "config", source)
+        if key == "data":
+            check_value(value, key, Expect(True, L.LightningDataModule, False), source)
+        elif key in sections and isinstance(value, dict):
+            check_arguments(sections[key], value, key, source)
+        else:
+            check_value(value, key, UNKNOWN, source)
+
+
 def _tensors(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         yield key, value

@@ -10,7 +10,8 @@ from conftest import write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
-from template.cli import cli, main, without_data_options
+from template.cli import cli, main
+from template.runs import without_data_options
 from template.nets import ResNet18
 from template.profiler import NoProfiler
 
@@ -184,6 +185,29 @@ def test_a_checkpoint_whose_datamodule_cannot_be_imported_is_refused_naming_it(r
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "datamodule_hyper_parameters._class_path names 'somewhere.gone.SomeDataModule'" in error
+
+
+def test_a_checkpoint_is_evaluated_with_its_runs_configuration_and_options_given_override_it(run_cli, tmp_path):
+    trained = run_cli(
+        "fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--data.batch_size", "16", "--data.crop_padding", "2", "--model.label_smoothing", "0.3",
+    )  # fmt: skip
+    last = trained.trainer.checkpoint_callbacks[-1].last_model_path or next(run_cli.runs_dir.rglob("last.ckpt"))
+    quick = ["--trainer.limit_val_batches", "1"]
+    evaluated = run_cli("validate", "--ckpt_path", "last", *quick)
+    assert evaluated.datamodule.batch_size == 16 and evaluated.datamodule.crop_padding == 2  # the run's, not 64 and 1
+    assert evaluated.model.label_smoothing == 0.3 and evaluated.model.flip_tta is False
+    assert Path(evaluated.trainer.log_dir).name == "version_1"  # a new version beside the trained one
+    # Options given win over the run's configuration, the model's too (Lightning alone would put the
+    # checkpoint's hyper-parameters back over them).
+    overridden = run_cli("validate", "--ckpt_path", str(last), "--data.batch_size", "8", "--model.flip_tta", "true", *quick)
+    assert overridden.datamodule.batch_size == 8 and overridden.model.flip_tta is True
+    assert overridden.model.label_smoothing == 0.3
+    # A checkpoint that left its run directory: what it records of the model and the data.
+    moved = tmp_path / "elsewhere.ckpt"
+    moved.write_bytes(Path(last).read_bytes())
+    alone = run_cli("validate", "--ckpt_path", str(moved), *quick)
+    assert alone.datamodule.batch_size == 16 and alone.model.label_smoothing == 0.3
 
 
 def test_data_options_are_set_aside_with_their_values_whatever_their_form():

@@ -285,3 +285,59 @@ def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():
     assert monitor.state_dict()["rows"] == []
     monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}]})
     assert monitor.state_dict()["rows"] == [{"epoch": 0, "val/acc": 0.5}]
+
+
+def config_attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, callable]]:
+    """Each attack on a run's config.yaml: the key it is refused at, and how it changes the config."""
+
+    def setting(*keys: str, value) -> callable:
+        def change(config: dict) -> None:
+            for key in keys[:-1]:
+                config = config.setdefault(key, {})
+            config[keys[-1]] = value
+
+        return change
+
+    shell = {"class_path": "os.system", "init_args": {"command": f"touch {marker}"}}
+    return {
+        "network": ("model.net.class_path", setting("model", "net", value={"class_path": f"{sentinel}.Net"})),
+        "optimizer": ("model.optimizer.class_path", setting("model", "optimizer", value=shell)),
+        "data": ("data.class_path", setting("data", value={"class_path": f"{sentinel}.Net"})),
+        "callback": ("trainer.callbacks[0].class_path", setting("trainer", "callbacks", value=[shell])),
+        "logger": ("trainer.logger.class_path", setting("trainer", "logger", value={"class_path": f"{sentinel}.Net"})),
+        "plugin": ("trainer.plugins", setting("trainer", "plugins", value=f"{sentinel}.Net")),
+        "callback section": ("monitor.csv_name.class_path", setting("monitor", "csv_name", value={"class_path": "os.system"})),
+        "unknown key": ("anything", setting("anything", value=f"{sentinel}.Net")),
+    }
+
+
+@pytest.mark.parametrize("attack", list(config_attacks(Path("m"), "s")))
+def test_a_runs_config_naming_code_is_refused_before_anything_is_imported(trained, tmp_path, sentinel, attack, capsys):
+    """Evaluating starts from the run's config.yaml: it is checked as the checkpoint beside it is."""
+    import shutil
+
+    import yaml
+
+    name, imported = sentinel
+    ran = tmp_path / "ran"
+    key, change = config_attacks(ran, name)[attack]
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    change(config)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["test", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")])
+    assert exit_info.value.code != 0
+    error = capsys.readouterr().err
+    assert f"refusing {run_dir / 'config.yaml'}: its {key} names" in error
+    assert not ran.exists() and not imported.exists() and name not in sys.modules
+
+
+def test_a_damaged_runs_config_is_named(trained, tmp_path, capsys):
+    import shutil
+
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    (run_dir / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(SystemExit):
+        cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")])
+    assert f"{run_dir / 'config.yaml'}, the run's configuration, cannot be read" in capsys.readouterr().err

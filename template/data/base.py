@@ -23,6 +23,7 @@ from template.data.loaders import (  # one name a line: a renamed project's long
     TensorImageDataset,
     keep_batch,
 )
+from template.data.preprocessing import check_preprocessing
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
@@ -62,7 +63,10 @@ class ImageDataModule(L.LightningDataModule, ABC):
     in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
     Every batch reaches the device as uint8 at the training size, from memory, a cache or
     streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
-    ``template.data.augment.augment`` (random crop, mirror), and normalises.
+    ``template.data.augment.augment`` (random crop, mirror), and normalises with the
+    training split's statistics. Those, the input shape and the resize policy are saved in
+    every checkpoint (``preprocessing``, in the DataModule's state) and restored from it, so a
+    trained model is evaluated as it was trained, without its training images.
 
     Args:
         batch_size: images per batch on each device.
@@ -79,6 +83,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
     in_channels: int
     image_size: tuple[int, int]
     class_names: list[str]
+    resize: str = "none"  # how an image file reaches image_size: a key of preprocessing.RESIZE
 
     def __init__(
         self,
@@ -130,17 +135,37 @@ class ImageDataModule(L.LightningDataModule, ABC):
             )
         # Only what the stage needs: the test split is loaded by `test` alone, so no
         # decision made during fit can have looked at it.
-        needed = {
-            "fit": ["train", "val"],
-            "validate": ["train", "val"],
-            "test": ["train", "test"],
-            "predict": ["train", "predict"],
-        }[stage]
+        needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["predict"]}[stage]
         for split in needed:
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
+        if stage == "fit" and len(self.mean) == 0:
+            self._compute_normalization()
+        # Evaluating, the statistics come from the checkpoint (load_state_dict, after setup); without
+        # one they are computed from the training split at the first batch.
+
+    def _compute_normalization(self) -> None:
+        if "train" not in self.datasets:
+            self.datasets["train"] = self.make_dataset("train")
+        self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
+
+    def preprocessing(self) -> dict:
+        """How an image becomes the model's input (``template.data.preprocessing``), once the
+        statistics are known."""
         if len(self.mean) == 0:
-            self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
+            self._compute_normalization()
+        return {"input_shape": list(self.input_shape), "resize": self.resize,
+                "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
+
+    def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
+        """Normalise as a trained model expects; an input shape other than it was trained on is an error."""
+        record = check_preprocessing(record, source)
+        if record["input_shape"] != list(self.input_shape):
+            raise ValueError(
+                f"{source} was trained on inputs (channels, height, width) {record['input_shape']}, but this data "
+                f"gives {list(self.input_shape)}: set the data's image size and channels to the trained ones"
+            )
+        self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
     def device_batch_size(self, world_size: int) -> int:
         """Images per batch on each device: batch_size, or global_batch_size shared out."""
@@ -188,13 +213,19 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return DataLoader(dataset, sampler=sampler, drop_last=True, generator=sampler.loader_generator, **settings)
 
     def state_dict(self) -> dict:
-        """Saved in every checkpoint: where the training order stands, for a mid-epoch resume."""
-        if self.train_sampler is None:
-            return {}
-        return {"train_sampler": {"epoch": self.train_sampler.epoch, "samples_consumed": self.train_sampler.consumed}}
+        """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
+        state = {"preprocessing": self.preprocessing()} if len(self.mean) else {}
+        if self.train_sampler is not None:
+            state["train_sampler"] = {
+                "epoch": self.train_sampler.epoch,
+                "samples_consumed": self.train_sampler.consumed,
+            }
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self._resume_state = state.get("train_sampler")
+        if "preprocessing" in state:
+            self.use_preprocessing(state["preprocessing"])
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
@@ -212,6 +243,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if isinstance(batch, torch.Tensor):
             return batch  # the model summary's example input, not a data batch
         images, labels = batch  # uint8 (B, C, H, W) at the training size, on the training device
+        if len(self.mean) == 0:  # evaluating without a checkpoint's statistics
+            self._compute_normalization()
         if self.trainer is not None and self.trainer.training:
             if self.train_sampler is not None:
                 self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it

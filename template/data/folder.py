@@ -48,7 +48,8 @@ class ImageFolderDataModule(ImageDataModule):
     Class names are the folder names of ``root/train``, sorted; they travel in the
     checkpoint so ``predict`` can name its answers. Without ``root/val``, a stratified,
     seeded share of ``root/train`` is held out for validation. ``root/test`` is read only
-    by ``test``.
+    by ``test``. ``predict`` of a trained model reads neither: the class names and the
+    normalisation come from its checkpoint, so its training folder may be gone.
 
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
@@ -71,9 +72,14 @@ class ImageFolderDataModule(ImageDataModule):
         skip_invalid: leave out unreadable files (counted and named in a warning) instead
             of stopping with an error that names them; a class left with none is an error.
         predict_path: a folder (searched recursively) or a list of image files for ``predict``.
+        classes: the class names, in label order; by default the sorted folder names of
+            ``root/train``, which must then be the same set. Evaluating a checkpoint, the CLI
+            sets them to the trained ones, so a folder is labelled as the model was trained.
         crop_padding: reflect padding of the random crop, in pixels of the training size.
         hflip: mirror training images at random.
     """
+
+    resize = "cover_center_crop"  # template.data.cache.decode
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class ImageFolderDataModule(ImageDataModule):
         std: list[float] | None = None,
         skip_invalid: bool = False,
         predict_path: str | list[str] | None = None,
+        classes: list[str] | None = None,
         crop_padding: int = 4,
         hflip: bool = True,
     ) -> None:
@@ -106,15 +113,29 @@ class ImageFolderDataModule(ImageDataModule):
         self.val_fraction, self.split_seed, self.skip_invalid = val_fraction, split_seed, skip_invalid
         self.given_stats = (mean, std) if mean is not None and std is not None else None
         self.predict_path = predict_path
-        self.folders = self._scan()
+        self.folders = self._scan(classes)
         self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray]] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self.split_files: dict[str, list[Path]] = {}
-        self.class_names = sorted(self.folders["train"])
+        self.class_names = list(classes) if classes else sorted(self.folders["train"])
         self.num_classes = len(self.class_names)
 
-    def _scan(self) -> dict[str, dict[str, list[Path]]]:
-        """Check the layout before anything is decoded; every problem is named."""
+    def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
+        """Check the layout before anything is decoded; every problem is named. Without root/train,
+        only given classes allow going on: what needs a split then says it is missing."""
+        if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
+            raise ValueError(f"data classes must be at least two different names, not {classes}")
+        if classes is not None and not (self.root / "train").is_dir():
+            return {}
+        folders = self._scan_folders()
+        if classes is not None and set(classes) != set(folders["train"]):
+            raise ValueError(
+                f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
+                f"class folders of {self.root / 'train'}: {sorted(folders['train'])}"
+            )
+        return folders
+
+    def _scan_folders(self) -> dict[str, dict[str, list[Path]]]:
         train = self.root / "train"
         if not train.is_dir():
             raise FileNotFoundError(

@@ -6,6 +6,7 @@ import pytest
 from conftest import write_image_folder
 
 from template.checkpoints import load_checkpoint
+from template.cli import main
 from template.data import ImageFolderDataModule
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"
@@ -58,3 +59,20 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
         float(row["probability"]) >= float(row["top2_probability"]) >= float(row["top3_probability"]) for row in rows
     )
     assert not any(cell.startswith(("=", "+", "-", "@")) for row in csv.reader(predictions.open()) for cell in row)
+
+    # Only the checkpoint and the images: the training folder gone, predict and export still work, with
+    # the class names and the normalisation the model was trained with.
+    new_images = shutil.copytree(image_folder / "test", tmp_path / "new")
+    shutil.rmtree(image_folder)
+    run_cli("predict", "--ckpt_path", best, "--data.predict_path", str(new_images))
+    again = sorted(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))[-1]
+    by_name = {Path(row["sample"]).relative_to(image_folder / "test"): row for row in rows}
+    for row in csv.DictReader(again.open()):
+        before = by_name[Path(row["sample"]).relative_to(new_images)]
+        assert row["class_name"] == before["class_name"]
+        assert float(row["probability"]) == pytest.approx(float(before["probability"]), abs=1e-5)
+    with pytest.raises(SystemExit) as exit_info:  # what needs the training images says so
+        main(["test", *run_cli.tiny_args, "--ckpt_path", best])
+    assert exit_info.value.code == 1
+    main(["export", "--ckpt_path", best, "--format", "torchscript", "--output", str(tmp_path / "model.pt")])
+    assert (tmp_path / "model.pt").is_file()

@@ -1,0 +1,117 @@
+"""A checkpoint's run: the configuration it was trained with, where its run directory is.
+
+``template test --ckpt_path X`` (validate, predict, and a resumed fit alike) starts from the
+configuration of X's run, as its first --config after the recipe's defaults: the run's own
+``config.yaml`` (checked like the checkpoint beside it), or, for a checkpoint that left its run
+directory, what the checkpoint records (the model's and the DataModule's arguments). Every
+--config file and option given overrides it.
+"""
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import Namespace
+
+from template.untrusted import DamagedCheckpointError, check_config
+
+DEFAULT_RUNS_DIR = "runs"
+# DataModule arguments that say where to write, what else to read and what to start, not what the
+# data is: a checkpoint's values for them are not used.
+NOT_RECORDED = ("cache_dir", "predict_path", "num_workers", "download")
+
+
+def training_run(path: str | Path) -> Path | None:
+    """The run directory (runs/<name>/<version>) a checkpoint in its checkpoints/ folder belongs to."""
+    checkpoint = Path(path).resolve()
+    run_dir = checkpoint.parent.parent
+    return run_dir if checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() else None
+
+
+def recorded_datamodule(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The DataModule a checkpoint was trained with, as ``{"class_path", "init_args"}``, from the
+    hyper-parameters LightningCLI saved in it; None when it holds none. For a checkpoint from
+    ``read_checkpoint``: the class path is one it may name."""
+    hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    hparams.pop("_instantiator", None)
+    for where_and_how in NOT_RECORDED:  # this machine's choices, not the data's: never a stranger's
+        hparams.pop(where_and_how, None)
+    class_path = hparams.pop("_class_path", None)
+    return {"class_path": class_path, "init_args": hparams} if class_path else None
+
+
+def trained_config(
+    ckpt_path: str | Path, checkpoint: dict[str, Any], sections: dict[str, type], evaluating: bool
+) -> dict:
+    """The configuration the checkpoint's run was trained with, as a --config (see the module's doc).
+
+    ``sections``: the class whose arguments each section of a config holds, for the checks.
+    Evaluating, the run's logger writes a new version beside the trained one.
+    """
+    if (run_dir := training_run(ckpt_path)) is not None:
+        source = run_dir / "config.yaml"
+        try:
+            config = yaml.safe_load(source.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            raise DamagedCheckpointError(f"{source}, the run's configuration, cannot be read: {error}") from None
+        check_config(config, str(source), sections)  # before jsonargparse imports what it names
+        logger = (config.get("trainer") or {}).get("logger")
+        if evaluating and isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
+            logger["init_args"].pop("version", None)
+    else:
+        hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
+        config = {"model": hparams}
+        if (data := recorded_datamodule(checkpoint)) is not None:
+            config["data"] = data
+    config.pop("ckpt_path", None)  # the checkpoint given is the one evaluated
+    class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
+    data = config.get("data")
+    if class_names and isinstance(data, dict) and "classes" in arguments_of(data.get("class_path")):
+        # A DataModule that takes its classes (ImageFolderDataModule) labels its folders in the trained order,
+        # and needs no training folder to know them.
+        init_args = data.setdefault("init_args", {})
+        if isinstance(init_args, dict) and not init_args.get("classes"):
+            init_args["classes"] = list(class_names)
+    return config
+
+
+def arguments_of(class_path: Any) -> set[str]:
+    """The argument names of the class a checked config names (so importing it is allowed)."""
+    module, _, name = str(class_path).rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None) if module else None
+    return set(inspect.signature(cls.__init__).parameters) if isinstance(cls, type) else set()
+
+
+def without_data_options(argv: list[str]) -> list[str]:
+    """``argv`` less its --data options, each with its value (the next token, or after ``=``)."""
+    kept, value_next = [], False
+    for token in argv:
+        if value_next:
+            value_next = False
+        elif token.split("=")[0] == "--data" or token.startswith("--data."):
+            value_next = "=" not in token
+        else:
+            kept.append(token)
+    return kept
+
+
+def is_tensorboard(logger: Any) -> bool:
+    return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
+
+
+def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
+    """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
+    if (run_dir := training_run(ckpt_path)) is not None:
+        logger.init_args.save_dir = str(run_dir.parent.parent)
+        logger.init_args.name = run_dir.parent.name
+        logger.init_args.version = run_dir.name
+
+
+def runs_dir(config: Namespace) -> str:
+    """Where the configured TensorBoard logger writes its runs."""
+    logger = config.get("trainer", {}).get("logger")
+    if is_tensorboard(logger):
+        return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
+    return DEFAULT_RUNS_DIR
