@@ -11,9 +11,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from template.callbacks import PredictionWriter
 from template.cli import cli, main
-from template.runs import without_data_options
 from template.nets import ResNet18
 from template.profiler import NoProfiler
+from template.runs import without_data_options
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,7 +200,9 @@ def test_a_checkpoint_is_evaluated_with_its_runs_configuration_and_options_given
     assert Path(evaluated.trainer.log_dir).name == "version_1"  # a new version beside the trained one
     # Options given win over the run's configuration, the model's too (Lightning alone would put the
     # checkpoint's hyper-parameters back over them).
-    overridden = run_cli("validate", "--ckpt_path", str(last), "--data.batch_size", "8", "--model.flip_tta", "true", *quick)
+    overridden = run_cli(
+        "validate", "--ckpt_path", str(last), "--data.batch_size", "8", "--model.flip_tta", "true", *quick
+    )
     assert overridden.datamodule.batch_size == 8 and overridden.model.flip_tta is True
     assert overridden.model.label_smoothing == 0.3
     # A checkpoint that left its run directory: what it records of the model and the data.

@@ -306,7 +306,10 @@ def config_attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, callable
         "callback": ("trainer.callbacks[0].class_path", setting("trainer", "callbacks", value=[shell])),
         "logger": ("trainer.logger.class_path", setting("trainer", "logger", value={"class_path": f"{sentinel}.Net"})),
         "plugin": ("trainer.plugins", setting("trainer", "plugins", value=f"{sentinel}.Net")),
-        "callback section": ("monitor.csv_name.class_path", setting("monitor", "csv_name", value={"class_path": "os.system"})),
+        "callback section": (
+            "monitor.csv_name.class_path",
+            setting("monitor", "csv_name", value={"class_path": "os.system"}),
+        ),
         "unknown key": ("anything", setting("anything", value=f"{sentinel}.Net")),
     }
 
