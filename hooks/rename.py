@@ -34,7 +34,7 @@ TAKEN = {
 # The word `template` as a name: not inside a longer word, dotted name or hyphenated name.
 _WORD = r"(?<![\w.-])template(?![\w-])"
 _NAME_PATTERNS = [
-    _WORD + r"(?=\.[A-Za-z_])",  # a module path: template.nets.ResNet18, template.cli:main
+    _WORD + r"(?=\.[A-Za-z_])",  # a module path: template.nets.ResNet18, template.commands:main
     _WORD + r"(?=/)",  # a directory: template/nets/resnet.py
     r"(?<=import )" + _WORD,
     r"(?<=from )" + _WORD,

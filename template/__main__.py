@@ -1,3 +1,3 @@
-from template.cli import main
+from template.commands import main
 
 main()

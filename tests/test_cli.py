@@ -10,7 +10,8 @@ from conftest import write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
-from template.cli import cli, main
+from template.cli import cli
+from template.commands import main
 from template.nets import ResNet18
 from template.profiler import NoProfiler
 from template.runs import without_data_options

@@ -27,14 +27,14 @@ LEFTOVER = re.compile(
 def test_rename_changes_names_and_leaves_the_word_alone():
     text = (
         "from template.nets import ResNet18\nimport template\nclass_path: template.nets.ResNet18\n"
-        'template = "template.cli:main"\ninclude = ["template*"]\npython -m template fit\n'
+        'template = "template.commands:main"\ninclude = ["template*"]\npython -m template fit\n'
         "$(BIN)/template test --ckpt_path best\nsee template/module.py and `template fit`\n"
         "A project template; the template's defaults; templates_lab; my-template; x.template\n"
     )
     renamed = rename_text(text, "bird_watch")
     assert renamed == (
         "from bird_watch.nets import ResNet18\nimport bird_watch\nclass_path: bird_watch.nets.ResNet18\n"
-        'bird_watch = "bird_watch.cli:main"\ninclude = ["bird_watch*"]\npython -m bird_watch fit\n'
+        'bird_watch = "bird_watch.commands:main"\ninclude = ["bird_watch*"]\npython -m bird_watch fit\n'
         "$(BIN)/bird_watch test --ckpt_path best\nsee bird_watch/module.py and `bird_watch fit`\n"
         "A project template; the template's defaults; templates_lab; my-template; x.template\n"
     )
@@ -112,7 +112,7 @@ def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names,
             assert not LEFTOVER.findall(text), f"{path.relative_to(project)} still names the package template"
     readme = (project / "README.md").read_text()
     assert readme.startswith(f"# {names['project_name']}\n") and "make fit\nmake test\n" in readme
-    assert f'{package} = "{package}.cli:main"' in (project / "pyproject.toml").read_text()
+    assert f'{package} = "{package}.commands:main"' in (project / "pyproject.toml").read_text()
     assert (project / ".cruft.json").is_file()
 
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(project)]

@@ -6,7 +6,7 @@ import pytest
 from conftest import write_image_folder
 
 from template.checkpoints import load_checkpoint
-from template.cli import main
+from template.commands import main
 from template.data import ImageFolderDataModule
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"

@@ -12,7 +12,7 @@ from PIL import Image
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from template.cli import main
+from template.commands import main
 from template.data import DigitsDataModule, ImageFolderDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall

@@ -6,7 +6,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from template.checkpoints import load_weights
-from template.cli import main
+from template.commands import main
 from template.nets import ResNetSmall
 from template.tools.export import FORMATS, export
 

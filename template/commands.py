@@ -1,0 +1,53 @@
+"""The ``template`` command: fit / validate / test / predict through the CLI, the tools beside them,
+and what a user sees when something goes wrong."""
+
+import importlib
+import os
+import sys
+
+import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from template.cli import EXTRA_COMMANDS, PROGRAM, cli
+
+# Set to 1 for the full traceback of an error, instead of its message alone.
+TRACEBACK_VARIABLE = "TRACEBACK"
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``template`` command and of ``python -m template``.
+
+    A mistake (a missing folder, an unreadable image, a refused checkpoint...) ends in one message
+    and exit status 1; ``TRACEBACK=1`` shows where it was raised."""
+    argv = sys.argv[1:] if args is None else args
+    try:
+        if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
+            return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
+        cli(args)
+    except SIGTERMException:  # ResumeState has saved a checkpoint and said where
+        raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended
+    except Exception as error:
+        if os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0"):
+            raise
+        print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
+        print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(1) from None
+    # Lightning leaves the process group up. A gloo group still alive at interpreter exit can
+    # abort the process ("terminate called without an active exception"), and torchrun then
+    # reports a finished run as failed. Only after success: a rank that failed may have left
+    # the others mid-collective, where tearing down would hang.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def explain(error: BaseException) -> str:
+    """What went wrong, in the words of the error that started it: jsonargparse wraps an error raised
+    while building the DataModule or model (a missing folder, say) in its own, with the first as cause."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    message = str(error) or type(error).__name__
+    if isinstance(error, PermissionError | NotADirectoryError):
+        message += "; run where you may write, or set --trainer.logger.init_args.save_dir to such a folder"
+    elif isinstance(error, KeyError | TypeError | AttributeError | IndexError):
+        message = f"{type(error).__name__}: {message}"  # messages that do not say what they are on their own
+    return message
