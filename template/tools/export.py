@@ -6,11 +6,18 @@ The network is rebuilt from the hyper-parameters stored in the checkpoint, its w
 loaded without unpickling anything but tensors, and the exported file is then run on the
 same batch as the original: the largest absolute difference of their logits is reported,
 and the export fails above the tolerance.
+
+Every file carries what a deployment needs beside the network, as JSON strings: ``class_names``
+and ``preprocessing`` (``template.data.preprocessing``: resize, mean, std). safetensors keeps them
+in its metadata, ONNX in ``metadata_props``, TorchScript as extra files ``class_names.json`` and
+``preprocessing.json``; they are read back from the written file, like the logits.
 """
 
 import argparse
 import json
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,7 @@ from template.checkpoints import (
     load_weights,
 )
 from template.cli import PROGRAM
+from template.data.preprocessing import recorded_preprocessing
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
@@ -45,31 +53,51 @@ def build_network(hparams: dict[str, Any]) -> nn.Module:
     return parser.instantiate_classes(parsed).net
 
 
-def export_safetensors(net: nn.Module, path: Path, hparams: dict[str, Any]) -> nn.Module:
+def export_safetensors(
+    net: nn.Module, path: Path, hparams: dict[str, Any], metadata: dict[str, str]
+) -> tuple[nn.Module, dict[str, str]]:
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    metadata = {key: json.dumps(hparams[key]) for key in ("net", "class_names", "input_shape") if key in hparams}
+    # The network's class path and input shape too: a reader rebuilds the network from them.
+    metadata = {**metadata, **{key: json.dumps(hparams[key]) for key in ("net", "input_shape")}}
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path), metadata=metadata)
     fresh = build_network(hparams)  # the safetensors file must load into a network built anew
     fresh.load_state_dict(load_file(str(path)))
-    return fresh.eval()
+    with safe_open(str(path), "pt") as file:
+        return fresh.eval(), file.metadata()
 
 
-def export_torchscript(net: nn.Module, path: Path, example: torch.Tensor) -> nn.Module:
-    torch.jit.save(torch.jit.trace(net, example), str(path))
-    return torch.jit.load(str(path))
+def export_torchscript(
+    net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]
+) -> tuple[nn.Module, dict[str, str]]:
+    files = {f"{key}.json": value for key, value in metadata.items()}
+    torch.jit.save(torch.jit.trace(net, example), str(path), _extra_files=files)
+    carried = dict.fromkeys(files, "")  # torch.jit.load fills in the contents (bytes) of the files named
+    loaded = torch.jit.load(str(path), _extra_files=carried)
+    return loaded, {name.removesuffix(".json"): value.decode() for name, value in carried.items()}
 
 
-def export_onnx(net: nn.Module, path: Path, example: torch.Tensor):
+def export_onnx(
+    net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
     try:
+        import onnx
         import onnxruntime
     except ImportError as error:
         raise RuntimeError("ONNX export needs the export extra: pip install -e '.[export]'") from error
     batch = torch.export.Dim("batch", min=1)
     torch.onnx.export(net, (example,), str(path), dynamo=True, dynamic_shapes=({0: batch},), external_data=False)
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(model, {**{prop.key: prop.value for prop in model.metadata_props}, **metadata})
+    onnx.save(model, str(path))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return lambda images: torch.from_numpy(session.run(None, {name: images.numpy()})[0])
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {name: images.numpy()})[0])
+
+    return run, session.get_modelmeta().custom_metadata_map
 
 
 def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, tolerance: float = 1e-4) -> Path:
@@ -84,14 +112,35 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
     path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])
+    # What a deployment needs beside the network; the defaults of the module for unnamed classes.
+    class_names = hparams.get("class_names") or [str(index) for index in range(hparams["num_classes"])]
+    metadata = {"class_names": json.dumps(class_names)}
+    preprocessing = recorded_preprocessing(checkpoint)
+    if preprocessing is None:
+        warnings.warn(
+            f"{ckpt_path} records no preprocessing (it was written before checkpoints did, or not by fit), "
+            f"so {path.name} carries none: a deployment must be given the resize, mean and std of training "
+            "by hand. To carry them in the file, export a checkpoint written by this version's fit.",
+            stacklevel=2,
+        )
+    elif preprocessing["input_shape"] != list(hparams["input_shape"]):
+        raise ValueError(
+            f"the checkpoint contradicts itself: its model takes inputs {list(hparams['input_shape'])}, "
+            f"its preprocessing record makes {preprocessing['input_shape']}; it was edited or damaged"
+        )
+    else:
+        metadata["preprocessing"] = json.dumps(preprocessing)
     path.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, *hparams["input_shape"])
     if fmt == "safetensors":
-        exported = export_safetensors(net, path, hparams)
+        exported, carried = export_safetensors(net, path, hparams, metadata)
     elif fmt == "torchscript":
-        exported = export_torchscript(net, path, example)
+        exported, carried = export_torchscript(net, path, example, metadata)
     else:
-        exported = export_onnx(net, path, example)
+        exported, carried = export_onnx(net, path, example, metadata)
+    lost = [key for key, value in metadata.items() if carried.get(key) != value]
+    if lost:
+        raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
 
     # Parity on a fresh batch of another size than the example (dynamic batch dimension).
     batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))

@@ -1,14 +1,30 @@
+import csv
 import json
+import re
+import shutil
+from pathlib import Path
 
+import numpy as np
+import onnxruntime
 import pytest
 import torch
+from conftest import write_image_folder
+from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from template.checkpoints import load_weights
+from template.checkpoints import load_checkpoint, load_weights
 from template.commands import main
+from template.data.preprocessing import recorded_preprocessing
 from template.nets import ResNetSmall
 from template.tools.export import FORMATS, export
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+# The README's prediction from an exported ONNX file alone (it reads model.onnx and photo.jpg).
+PREDICT_FROM_ONNX = next(
+    block for block in re.findall(r"```python\n(.*?)```", README, re.S) if "onnxruntime.InferenceSession" in block
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +58,7 @@ def test_safetensors_file_loads_into_a_fresh_network(checkpoint, tmp_path):
         metadata = file.metadata()
     assert json.loads(metadata["class_names"]) == [str(digit) for digit in range(10)]
     assert json.loads(metadata["net"])["class_path"] == "template.nets.ResNetSmall"
+    assert json.loads(metadata["preprocessing"]) == recorded_preprocessing(load_checkpoint(checkpoint))
 
 
 def test_a_parity_failure_fails_the_export(checkpoint, tmp_path):
@@ -68,3 +85,71 @@ def test_export_refuses_doctored_checkpoints_and_runs_none_of_their_code(checkpo
         assert exit_info.value.code == 1
         assert reason in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_a_checkpoint_without_a_preprocessing_record_exports_with_a_warning(checkpoint, tmp_path):
+    state = torch.load(checkpoint, weights_only=True)  # as written before checkpoints recorded it
+    for value in state.values():
+        if isinstance(value, dict):
+            value.pop("preprocessing", None)
+    older = tmp_path / "older.ckpt"
+    torch.save(state, older)
+    with pytest.warns(UserWarning, match="records no preprocessing .* so net.pt carries none"):
+        path = export(older, "torchscript", tmp_path / "net.pt")
+    carried = {"class_names.json": "", "preprocessing.json": ""}
+    torch.jit.load(str(path), _extra_files=carried)  # fills in the files it holds, leaves the others
+    assert json.loads(carried["class_names.json"]) == [str(digit) for digit in range(10)]
+    assert not carried["preprocessing.json"]
+
+
+def write_new_images(folder: Path) -> Path:
+    """Images unlike the training ones: other sizes and aspect ratios, grey, RGBA, a sideways EXIF photo."""
+    rng = np.random.default_rng(1)
+    folder.mkdir()
+    for number, (size, mode) in enumerate([((40, 30), "RGB"), ((25, 50), "L"), ((64, 64), "RGBA"), ((36, 18), "RGB")]):
+        pixels = rng.integers(0, 256, (size[1], size[0], len(mode)), dtype=np.uint8)
+        image = Image.fromarray(pixels[..., 0] if mode == "L" else pixels)  # Pillow infers the mode
+        if number == 3:  # stored sideways, with the EXIF Orientation tag (6: turn 90° clockwise) a phone writes
+            exif = Image.Exif()
+            exif[0x0112] = 6
+            image.save(folder / f"{number}.jpg", exif=exif)
+        else:
+            image.save(folder / f"{number}.png")
+    return folder
+
+
+@pytest.mark.slow
+def test_an_onnx_file_alone_predicts_like_the_checkpoint_with_the_readme_code(run_cli, tmp_path):
+    images = write_image_folder(tmp_path / "images")
+    trained = run_cli("fit", "--config", str(REPO / "configs" / "imagefolder.yaml"), "--data.root", str(images),
+                      "--data.image_size", "16", "--data.batch_size", "8", "--data.num_workers", "0",
+                      "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_epochs", "1")  # fmt: skip
+    best = trained.trainer.checkpoint_callback.best_model_path
+    shutil.rmtree(images)  # from here on, only the checkpoint, its exports and new images
+    for fmt, name in (("onnx", "model.onnx"), ("torchscript", "model.pt"), ("safetensors", "model.safetensors")):
+        export(best, fmt, tmp_path / name)
+
+    new_images = write_new_images(tmp_path / "new")
+    run_cli("predict", "--ckpt_path", best, "--data.predict_path", str(new_images))
+    rows = list(csv.DictReader(next(run_cli.runs_dir.glob("*/version_*/predictions.csv")).open()))
+    assert len(rows) == 4
+    for row in rows:
+        shutil.copy(row["sample"], tmp_path / "photo.jpg")  # the names the snippet reads, in the working directory
+        namespace = {}
+        exec(PREDICT_FROM_ONNX, namespace)
+        assert namespace["class_names"][namespace["probabilities"].argmax()] == row["class_name"]
+        assert float(namespace["probabilities"].max()) == pytest.approx(float(row["probability"]), abs=1e-4)
+        assert float(np.sort(namespace["probabilities"])[-2]) == pytest.approx(float(row["top2_probability"]), abs=1e-4)
+
+    # The other two files carry the same record and class names.
+    record = recorded_preprocessing(load_checkpoint(best))
+    assert record["resize"] == "cover_center_crop" and record["input_shape"] == [3, 16, 16]
+    onnx_metadata = onnxruntime.InferenceSession(str(tmp_path / "model.onnx")).get_modelmeta().custom_metadata_map
+    extra_files = {"class_names.json": "", "preprocessing.json": ""}
+    torch.jit.load(str(tmp_path / "model.pt"), _extra_files=extra_files)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as file:
+        safetensors_metadata = file.metadata()
+    for carried in (onnx_metadata, {name.removesuffix(".json"): value for name, value in extra_files.items()},
+                    safetensors_metadata):  # fmt: skip
+        assert json.loads(carried["preprocessing"]) == record
+        assert json.loads(carried["class_names"]) == ["cat", "dog", "owl"]
