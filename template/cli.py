@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -40,6 +40,7 @@ from template.checkpoints import (
 from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
+from template.nets.shape import check_fits, network_arguments
 from template.runs import (
     continue_run_directory,
     is_tensorboard,
@@ -98,8 +99,7 @@ class ClassificationCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.in_channels", "model.net.init_args.in_channels", apply_on="instantiate")
+        # The network's num_classes and in_channels, where it takes them: instantiate_classes.
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse as LightningCLI does; with a checkpoint, again, after its run's configuration
@@ -183,6 +183,28 @@ class ClassificationCLI(LightningCLI):
             logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
             if self.subcommand == "fit" and config.get("ckpt_path"):
                 continue_run_directory(config.ckpt_path, logger)
+
+    def instantiate_classes(self) -> None:
+        """As LightningCLI does, with the DataModule built first: the network then gets the data's
+        class count and channels where its signature takes them (a jsonargparse link would also write
+        them into a network that does not, and fails on a function such as torchvision.models.resnet18),
+        and is checked against the data before any training (``template.nets.shape``)."""
+        config = self.config.get(str(self.subcommand), self.config)
+        data_config, net = config.data, config.model.net
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_subclass_arguments(ImageDataModule, "data")
+        instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
+        data = instantiate(parser.parse_object({"data": data_config.as_dict()})).data
+        init_args = net.get("init_args") or Namespace()
+        net.init_args = Namespace(
+            **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
+        )
+        config.data = data  # jsonargparse takes an instance as it is: built once
+        try:
+            super().instantiate_classes()
+        finally:
+            config.data = data_config  # the configuration stays one of values (config.yaml)
+        check_fits(self.model.net, data.input_shape, data.num_classes)
 
     def after_instantiate_classes(self) -> None:
         """Refuse data that contradicts what the checkpoint was trained on: a silent resize or

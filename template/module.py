@@ -3,6 +3,7 @@
 import os
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 import lightning as L
 import torch
@@ -10,18 +11,17 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torchmetrics.classification import MulticlassAccuracy
 
 from template.checkpoints import read_checkpoint
-from template.schedule import WarmupCosine
+from template.schedule import WarmupCosine, build_scheduler
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 
-# Injected by LightningCLI from YAML (`class_path` + `init_args`). The scheduler also gets
-# the total number of optimizer steps, which only the Trainer knows.
+# Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.
 OptimizerCallable = Callable[[Iterable], Optimizer]
-SchedulerCallable = Callable[[Optimizer, int], LRScheduler]
+SchedulerCallable = Callable[[Optimizer], LRScheduler | ReduceLROnPlateau]
 
 
 def parameter_groups(net: nn.Module) -> list[dict]:
@@ -52,8 +52,12 @@ class ClassificationModule(L.LightningModule):
         input_shape: (C, H, W) of one input, for the model summary. Linked from the
             DataModule by the CLI.
         optimizer: builds the optimizer from the parameter groups.
-        lr_scheduler: builds the scheduler from the optimizer and the total number of
-            optimizer steps; ``None`` keeps the learning rate constant.
+        lr_scheduler: builds the scheduler from the optimizer: any torch scheduler with its own
+            arguments; one that takes ``total_steps`` gets the run's optimizer steps there unless
+            given (``template.schedule.build_scheduler``); ``None`` keeps the learning rate constant.
+        scheduler_interval: step the scheduler after every optimizer ``step`` or every ``epoch``
+            (StepLR's step_size counts these).
+        scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
         label_smoothing: mass moved from the true class to all classes in the loss.
         channels_last: keep weights and inputs in NHWC memory order, which tensor-core
             convolutions (fp16/bf16 on recent GPUs) run faster; results are the same.
@@ -71,6 +75,8 @@ class ClassificationModule(L.LightningModule):
         input_shape: tuple[int, int, int] | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: SchedulerCallable | None = WarmupCosine,
+        scheduler_interval: Literal["step", "epoch"] = "step",
+        scheduler_monitor: str = "val/loss",
         label_smoothing: float = 0.0,
         channels_last: bool = False,
         compile: bool = False,
@@ -92,6 +98,8 @@ class ClassificationModule(L.LightningModule):
         self.net = net
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        self.scheduler_interval = scheduler_interval
+        self.scheduler_monitor = scheduler_monitor
         self.label_smoothing = label_smoothing
         self.channels_last = channels_last
         self.compile_net = compile
@@ -178,6 +186,10 @@ class ClassificationModule(L.LightningModule):
         optimizer = self.optimizer(parameter_groups(self.net))
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}
-        scheduler = self.lr_scheduler(optimizer, int(self.trainer.estimated_stepping_batches))
-        # interval "step": warmup and cosine are defined per optimizer step, not per epoch.
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+        steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, steps)
+        # interval "step" by default: warmup and cosine are defined per optimizer step, not per epoch.
+        settings = {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "lr"}
+        if isinstance(scheduler, ReduceLROnPlateau):
+            settings["monitor"] = self.scheduler_monitor
+        return {"optimizer": optimizer, "lr_scheduler": settings}

@@ -1,6 +1,10 @@
 """The learning-rate schedule of the recipe: linear warmup, then cosine decay (with warm restarts)."""
 
+import importlib
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
@@ -16,7 +20,7 @@ class WarmupCosine(LRScheduler):
 
     Args:
         optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
-        total_steps: optimizer steps in the whole run.
+        total_steps: optimizer steps in the whole run; by default the run's (see ``build_scheduler``).
         warmup_fraction: share of ``total_steps`` spent warming up linearly.
         min_lr_ratio: floor of the cosine, as a fraction of the peak.
         cycles: number of cosine cycles after warmup (1: no restarts).
@@ -25,13 +29,13 @@ class WarmupCosine(LRScheduler):
     def __init__(
         self,
         optimizer: Optimizer,
-        total_steps: int,
+        total_steps: int | None = None,
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.0,
         cycles: int = 1,
         last_epoch: int = -1,
     ) -> None:
-        if total_steps < 1:
+        if total_steps is None or total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, got {total_steps}")
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
@@ -75,3 +79,23 @@ class WarmupCosine(LRScheduler):
             f"learning-rate schedule re-planned from {state_dict.get('total_steps')} to {self.total_steps} "
             f"optimizer steps; continuing from step {self.last_epoch}"
         )
+
+
+def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int) -> Any:
+    """The scheduler ``make`` builds for ``optimizer``. One whose class takes ``total_steps``
+    (WarmupCosine, OneCycleLR) gets the run's number of optimizer steps there, which only the
+    Trainer knows, unless its config (``config``: the recorded ``{"class_path", "init_args"}``, or
+    None for a ``functools.partial`` given from Python) sets it; any other (StepLR, MultiStepLR,
+    ReduceLROnPlateau...) is built from its own arguments alone."""
+    if isinstance(config, dict) and isinstance(config.get("class_path"), str):
+        module, _, name = config["class_path"].rpartition(".")
+        cls, given = getattr(importlib.import_module(module), name, None), (config.get("init_args") or {})
+    else:
+        cls, given = getattr(make, "func", make), getattr(make, "keywords", {})
+    try:
+        takes_total = isinstance(cls, type) and "total_steps" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        takes_total = False
+    if takes_total and given.get("total_steps") is None:
+        return make(optimizer, total_steps=total_steps)
+    return make(optimizer)

@@ -102,9 +102,22 @@ def resolve(path: Any, key: str, expect: Expect, source: str) -> Any:
         return found
     if expect.functions and trusted and (inspect.isfunction(found) or inspect.isbuiltin(found)):
         return found
+    if trusted and inspect.isfunction(found) and issubclass_or_false(returns(found), expect.kind):
+        return found  # a builder of what is expected (torchvision.models.resnet18 -> ResNet), as jsonargparse takes
     kinds = expect.kind if isinstance(expect.kind, tuple) else (expect.kind,)
     wanted = " or ".join(f"{kind.__module__}.{kind.__qualname__}" for kind in kinds)
     refuse(source, key, path, f"which is not a {wanted} subclass" + (" nor a trusted function" * expect.functions))
+
+
+def returns(function: Any) -> Any:
+    try:
+        return typing.get_type_hints(function).get("return")
+    except Exception:
+        return None
+
+
+def issubclass_or_false(cls: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(cls, type) and issubclass(cls, kind)
 
 
 def expect(annotation: Any) -> Expect:
@@ -148,9 +161,10 @@ def merge(verdicts: list[Expect]) -> Expect:
 
 def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
     """The annotation of each argument of ``cls`` (unreadable ones as strings) and whether it takes **kwargs."""
-    parameters = inspect.signature(cls.__init__).parameters
+    target = cls.__init__ if isinstance(cls, type) else cls  # a class, or a function that builds one
+    parameters = inspect.signature(target).parameters
     try:
-        hints = typing.get_type_hints(cls.__init__)
+        hints = typing.get_type_hints(target)
     except Exception:  # an annotation that does not resolve here: UNKNOWN, see expect()
         hints = {}
     annotations = {name: hints.get(name, parameter.annotation) for name, parameter in parameters.items()}

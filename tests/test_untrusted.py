@@ -344,3 +344,14 @@ def test_a_damaged_runs_config_is_named(trained, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")])
     assert f"{run_dir / 'config.yaml'}, the run's configuration, cannot be read" in capsys.readouterr().err
+
+
+def test_a_trusted_function_is_a_network_only_if_it_builds_one():
+    from torch import nn
+
+    from template.untrusted import Expect, check_value
+
+    network = Expect(True, nn.Module, False)
+    check_value({"class_path": "torchvision.models.resnet18", "init_args": {"num_classes": 3}}, "net", network, "x")
+    with pytest.raises(UnsafeCheckpointError, match="net.class_path names 'torch.zeros'"):
+        check_value({"class_path": "torch.zeros", "init_args": {}}, "net", network, "x")

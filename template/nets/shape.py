@@ -1,0 +1,58 @@
+"""Telling a network the data's class count and channels, where it takes them, and checking it fits.
+
+A network from YAML is any ``nn.Module`` class or function that builds one (``template.nets.ResNet18``,
+``torchvision.models.resnet18``, ``torchvision.models.ResNet``...). Its ``num_classes`` and
+``in_channels`` come from the data when its signature has them (``num_classes`` also when it passes
+``**kwargs`` on, as torchvision's builders do), over any value in the config; a network whose input
+or output does not fit the data (torchvision's fixed three channels on grey images, say) is an
+error before training that names both.
+"""
+
+import importlib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def takes(target: Any, name: str) -> bool:
+    """Whether the network class or function ``target`` takes the argument ``name``."""
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return name in parameters or (name == "num_classes" and passes_on)
+
+
+def network_arguments(class_path: str, init_args: dict, num_classes: int, in_channels: int) -> dict:
+    """``init_args`` with the data's class count and channels added where the network takes them."""
+    module, _, name = class_path.rpartition(".")
+    target = getattr(importlib.import_module(module), name)
+    # The data's values win over any in the config (where the parser has put the network's defaults).
+    data = {"num_classes": num_classes, "in_channels": in_channels}
+    return {**init_args, **{key: value for key, value in data.items() if takes(target, key)}}
+
+
+def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:
+    """Run two blank images of the data's shape through ``net``: its output must be (2, num_classes)."""
+    training = net.training
+    net.eval()  # BatchNorm statistics untouched
+    try:
+        with torch.no_grad():
+            output = net(torch.zeros(2, *input_shape))
+    except RuntimeError as error:
+        raise ValueError(
+            f"the network {type(net).__name__} does not take the data's inputs (channels, height, width) "
+            f"{list(input_shape)}: {str(error).splitlines()[0]}. Choose a network that takes in_channels, "
+            "or data with the channels it expects (e.g. data.channels: rgb)"
+        ) from None
+    finally:
+        net.train(training)
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (2, num_classes):
+        shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        raise ValueError(
+            f"the network {type(net).__name__} gives outputs of shape {shape} for 2 images, not [2, {num_classes}] "
+            f"(one logit per class of the data); give it num_classes, or a head with {num_classes} outputs"
+        )
