@@ -41,6 +41,7 @@ from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
 from template.nets.shape import check_fits, network_arguments
+from template.untrusted import INSTANTIATOR
 from template.runs import (
     continue_run_directory,
     is_tensorboard,
@@ -195,6 +196,8 @@ class ClassificationCLI(LightningCLI):
         parser.add_subclass_arguments(ImageDataModule, "data")
         instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
         data = instantiate(parser.parse_object({"data": data_config.as_dict()})).data
+        if isinstance(data.hparams, dict):  # what LightningCLI's own instantiation records: checkpoints name the class
+            data.hparams.update({"_class_path": data_config.class_path, "_instantiator": INSTANTIATOR})
         init_args = net.get("init_args") or Namespace()
         net.init_args = Namespace(
             **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)

@@ -133,6 +133,11 @@ def expect(annotation: Any) -> Expect:
         return merge([expect(type[argument]) for argument in typing.get_args(arguments[0])])
     if origin is collections.abc.Callable or annotation in (collections.abc.Callable, typing.Callable):
         returned = arguments[-1] if arguments else None
+        if typing.get_origin(returned) in (typing.Union, types.UnionType):  # builds one of several kinds
+            kinds = tuple(
+                kind for kind in typing.get_args(returned) if isinstance(kind, type) and kind is not type(None)
+            )
+            return Expect(True, kinds or nn.Module, True)
         return Expect(True, returned if isinstance(returned, type) and returned is not type(None) else nn.Module, True)
     if origin is type or annotation is type:
         return Expect(True, arguments[0] if arguments and isinstance(arguments[0], type) else nn.Module, False)

@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from template import cli as cli_module
+from template import commands as cli_module
 from template.data import DigitsDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
