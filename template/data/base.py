@@ -9,6 +9,7 @@ on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``)
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from numbers import Integral
 
 import lightning as L
 import numpy as np
@@ -56,11 +57,25 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
     return [np.sort(remaining), *parts]
 
 
+def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
+    """``size`` as (height, width): one int is a square's side."""
+    pair = (size, size) if isinstance(size, Integral) else size
+    if (
+        isinstance(pair, str | bytes)
+        or not isinstance(pair, Sequence)
+        or len(pair) != 2
+        or not all(isinstance(side, Integral) and not isinstance(side, bool) and side > 0 for side in pair)
+    ):
+        raise ValueError(f"image_size must be a positive int (a square's side) or (height, width), not {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
 class ImageDataModule(L.LightningDataModule, ABC):
     """Base of the image sources: splits, loaders, and device-side augmentation.
 
-    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` and ``class_names``
-    in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
+    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W))
+    and ``class_names`` in ``__init__`` (the CLI links them into the model) and implement
+    ``load_split``.
     Every batch reaches the device as uint8 at the training size, from memory, a cache or
     streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
     ``template.data.augment.augment`` (random crop, mirror), and normalises with the
@@ -74,14 +89,14 @@ class ImageDataModule(L.LightningDataModule, ABC):
             device gets ``global_batch_size / world_size`` (and batch_size is ignored), so a
             recipe keeps its batch, and so its learning rate, on any number of GPUs.
         num_workers: DataLoader worker processes; 0 loads in the main process.
-        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 turns it off.
-        hflip: mirror training images left-right at random. Only for classes that stay
-            the same in a mirror (not for digits or text).
+        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 (the
+            default here) turns it off.
+        hflip: mirror training images left-right at random (off by default). Only for
+            classes that stay the same in a mirror (not for digits or text).
     """
 
     num_classes: int
     in_channels: int
-    image_size: tuple[int, int]
     class_names: list[str]
     resize: str = "none"  # how an image file reaches image_size: a key of preprocessing.RESIZE
 
@@ -106,6 +121,17 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self._resume_state: dict | None = None
         self.mean = torch.zeros(0)
         self.std = torch.ones(0)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) of the images the model gets; set it to a side or to (height, width)."""
+        if not hasattr(self, "_image_size"):
+            raise AttributeError(f"{type(self).__name__} sets no image_size: set it in __init__, to a side or (H, W)")
+        return self._image_size
+
+    @image_size.setter
+    def image_size(self, size: int | Sequence[int]) -> None:
+        self._image_size = image_size_pair(size)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

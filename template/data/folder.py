@@ -105,7 +105,7 @@ class ImageFolderDataModule(ImageDataModule):
         super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
         self.save_hyperparameters()
         self.root = Path(root)
-        self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.image_size = image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
         self.cache = max(self.image_size) <= cache_max_size if cache is None else cache
