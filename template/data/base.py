@@ -209,10 +209,18 @@ class ImageDataModule(L.LightningDataModule, ABC):
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
         batch_size = self.device_batch_size(world_size)
-        if train and len(dataset) < batch_size * world_size:
+        # Train only: drop the short last batch when it is under half a batch. A few images in a
+        # step give a noisy update and, with BatchNorm, poor statistics; the order is reshuffled
+        # every epoch, so what is dropped is fewer than half a batch of different images each
+        # time. A longer rest is kept: on a small set, dropping it would waste a large share (200
+        # images in batches of 128 would train on 128 an epoch). Every rank has the same share
+        # of the data (the sampler's), so every rank takes the same number of steps.
+        full_batches, rest = divmod(len(dataset) // world_size, batch_size)
+        drop_last = rest < batch_size / 2
+        if train and full_batches == 0 and drop_last:
             raise ValueError(
-                f"the {split} split has {len(dataset)} images, fewer than batch_size={batch_size} x "
-                f"{world_size} device(s): with drop_last there would be no batch at all; lower data.batch_size"
+                f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
+                f"(batch_size={batch_size}): there would be no training batch at all; lower data.batch_size"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         workers = self.loader_workers(dataset)
@@ -227,8 +235,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if not train:
             generator = torch.Generator().manual_seed(seed)  # keeps the global random stream untouched
             return DataLoader(dataset, shuffle=False, drop_last=False, generator=generator, **settings)
-        # Shuffle train only, and drop the short last batch: it gives a noisy step and, with
-        # BatchNorm, poor statistics. The run's seed (seed_everything) fixes the order.
+        # Shuffle train only; the run's seed (seed_everything) fixes the order.
         rank = self.trainer.global_rank if self.trainer is not None else 0
         sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
         self.train_sampler = sampler
@@ -236,7 +243,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
             sampler.set_epoch(self._resume_state["epoch"])
             sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
             self._resume_state = None
-        return DataLoader(dataset, sampler=sampler, drop_last=True, generator=sampler.loader_generator, **settings)
+        return DataLoader(dataset, sampler=sampler, drop_last=drop_last, generator=sampler.loader_generator, **settings)
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""

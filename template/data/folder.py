@@ -86,7 +86,7 @@ class ImageFolderDataModule(ImageDataModule):
         root: str,
         image_size: int | tuple[int, int] = 32,
         channels: Literal["rgb", "grayscale"] = "rgb",
-        batch_size: int = 128,
+        batch_size: int = 32,
         global_batch_size: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
