@@ -134,6 +134,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self._image_size = image_size_pair(size)
 
     @property
+    def has_test(self) -> bool:
+        """Whether ``test`` has a split to evaluate; a source that may have none says so."""
+        return True
+
+    @property
     def input_shape(self) -> tuple[int, int, int]:
         return (self.in_channels, *self.image_size)
 

@@ -93,3 +93,10 @@ def test_a_mid_epoch_resume_keeps_the_short_last_batch():
     assert len(resumed_loader) == len(loader) == 2
     assert list(resumed_loader.sampler) == order[64:]
     assert [len(labels) for _, labels in resumed_loader] == [36]
+
+
+def test_a_source_has_a_test_split_unless_it_says_otherwise():
+    class NoTest(Squares):
+        has_test = False
+
+    assert Squares().has_test and not NoTest().has_test
