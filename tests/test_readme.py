@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.cli import PROGRAM, cli
 from template.data import ImageDataModule
@@ -83,3 +84,26 @@ def test_the_swap_the_data_example_trains_as_written(run_cli, tmp_path, monkeypa
         images, labels = data.load_split(split)
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 12, 10) and len(images) == len(labels)
     sys.modules.pop("my_data", None)
+
+
+def readme_tags() -> set[str]:
+    """The TensorBoard tags the README names: the run directory's list, and every `train/...`-like name."""
+    listing = re.search(r"TensorBoard curves: (.*?)\n\s*hparams\.yaml", README, re.S).group(1)
+    listed = {name.strip() for name in re.sub(r"\(.*?\)", "", listing).split(",")}
+    return listed | set(re.findall(r"`((?:train|val|test|lr)/\w+)`", README))
+
+
+# Named in the README, but written only in some runs, where their own tests read them back.
+SOMETIMES = {"train/skipped_steps"}  # a step the NaN guard skipped: tests/callbacks/test_nonfinite.py
+
+
+@pytest.mark.slow
+def test_every_tensorboard_tag_the_readme_names_is_in_a_runs_event_file(run_cli):
+    run = run_cli("fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+                  "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1")  # fmt: skip
+    events = EventAccumulator(run.trainer.log_dir)
+    events.Reload()
+    written = set(events.Tags()["scalars"]) | set(events.Tags()["images"])
+    named = readme_tags() - SOMETIMES
+    assert {"train/loss", "lr/decay", "val/confusion_matrix"} <= named
+    assert named <= written, f"named in the README, not in the event file: {sorted(named - written)}"
