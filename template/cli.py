@@ -262,8 +262,10 @@ class ClassificationCLI(LightningCLI):
                 f"best checkpoint  {best.best_model_path}",
                 f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
                 *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
-                f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}",
             ]
+            # Only where `test` has images to read: a folder without test/ and test_fraction 0 has none.
+            if getattr(self.datamodule, "has_test", True):
+                lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}")
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
         # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
         console = Console(soft_wrap=True)

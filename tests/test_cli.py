@@ -242,7 +242,7 @@ def mistakes(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     folder = ["--config", str(REPO / "configs" / "imagefolder.yaml"), "--data.num_workers", "0", "--data.root"]
     cache = ["--data.cache_dir", str(tmp_path / "cache")]
     return {
-        "no test folder": (["test", *folder, str(no_test), *cache], "no test/ folder"),
+        "no test folder": (["test", *folder, str(no_test), "--data.test_fraction", "0", *cache], "no test/ folder"),
         "no predict_path": (["predict", *folder, str(no_test), *cache], "predict needs images"),
         "an empty class folder": (["fit", *folder, str(empty), *cache], "empty class folder"),
         "a single class": (["fit", *folder, str(one_class), *cache], "only one class folder"),

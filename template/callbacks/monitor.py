@@ -47,6 +47,7 @@ class TrainingMonitor(Callback):
         self._confusion: MulticlassConfusionMatrix | None = None
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self._rows: list[dict] = []
+        self._before: dict = {}
 
     def state_dict(self) -> dict:
         return {"rows": self._rows}  # so that a resumed run's metrics.csv keeps the epochs before it
@@ -75,6 +76,11 @@ class TrainingMonitor(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start, self._images = time.perf_counter(), 0
         self._train_end = self._epoch_start
+        # callback_metrics keeps every value until it is logged again: one logged only at some
+        # steps (train/grad_norm, the LR) or a validation that did not run this epoch would
+        # repeat in every row after it. Each value logged or computed anew is a new tensor, so
+        # the ones still the same objects at the epoch's end are from an earlier epoch.
+        self._before = dict(trainer.callback_metrics)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
@@ -92,7 +98,7 @@ class TrainingMonitor(Callback):
         metrics = trainer.callback_metrics
         if not trainer.is_global_zero or not trainer.loggers or (run_dir := run_directory(trainer)) is None:
             return
-        metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1}
+        metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1 and v is not self._before.get(k)}
         self._rows.append({"epoch": trainer.current_epoch, "step": trainer.global_step, **metrics, **speed})
         fields = list(dict.fromkeys(key for row in self._rows for key in row))
         with (Path(run_dir) / self.csv_name).open("w", newline="") as file:

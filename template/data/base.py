@@ -9,6 +9,7 @@ on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``)
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from numbers import Integral
 
 import lightning as L
 import numpy as np
@@ -56,11 +57,25 @@ def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) 
     return [np.sort(remaining), *parts]
 
 
+def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
+    """``size`` as (height, width): one int is a square's side."""
+    pair = (size, size) if isinstance(size, Integral) else size
+    if (
+        isinstance(pair, str | bytes)
+        or not isinstance(pair, Sequence)
+        or len(pair) != 2
+        or not all(isinstance(side, Integral) and not isinstance(side, bool) and side > 0 for side in pair)
+    ):
+        raise ValueError(f"image_size must be a positive int (a square's side) or (height, width), not {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
 class ImageDataModule(L.LightningDataModule, ABC):
     """Base of the image sources: splits, loaders, and device-side augmentation.
 
-    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` and ``class_names``
-    in ``__init__`` (the CLI links them into the model) and implement ``load_split``.
+    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W))
+    and ``class_names`` in ``__init__`` (the CLI links them into the model) and implement
+    ``load_split``.
     Every batch reaches the device as uint8 at the training size, from memory, a cache or
     streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
     ``template.data.augment.augment`` (random crop, mirror), and normalises with the
@@ -74,14 +89,14 @@ class ImageDataModule(L.LightningDataModule, ABC):
             device gets ``global_batch_size / world_size`` (and batch_size is ignored), so a
             recipe keeps its batch, and so its learning rate, on any number of GPUs.
         num_workers: DataLoader worker processes; 0 loads in the main process.
-        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 turns it off.
-        hflip: mirror training images left-right at random. Only for classes that stay
-            the same in a mirror (not for digits or text).
+        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 (the
+            default here) turns it off.
+        hflip: mirror training images left-right at random (off by default). Only for
+            classes that stay the same in a mirror (not for digits or text).
     """
 
     num_classes: int
     in_channels: int
-    image_size: tuple[int, int]
     class_names: list[str]
     resize: str = "none"  # how an image file reaches image_size: a key of preprocessing.RESIZE
 
@@ -106,6 +121,22 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self._resume_state: dict | None = None
         self.mean = torch.zeros(0)
         self.std = torch.ones(0)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) of the images the model gets; set it to a side or to (height, width)."""
+        if not hasattr(self, "_image_size"):
+            raise AttributeError(f"{type(self).__name__} sets no image_size: set it in __init__, to a side or (H, W)")
+        return self._image_size
+
+    @image_size.setter
+    def image_size(self, size: int | Sequence[int]) -> None:
+        self._image_size = image_size_pair(size)
+
+    @property
+    def has_test(self) -> bool:
+        """Whether ``test`` has a split to evaluate; a source that may have none says so."""
+        return True
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -183,10 +214,18 @@ class ImageDataModule(L.LightningDataModule, ABC):
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
         batch_size = self.device_batch_size(world_size)
-        if train and len(dataset) < batch_size * world_size:
+        # Train only: drop the short last batch when it is under half a batch. A few images in a
+        # step give a noisy update and, with BatchNorm, poor statistics; the order is reshuffled
+        # every epoch, so what is dropped is fewer than half a batch of different images each
+        # time. A longer rest is kept: on a small set, dropping it would waste a large share (200
+        # images in batches of 128 would train on 128 an epoch). Every rank has the same share
+        # of the data (the sampler's), so every rank takes the same number of steps.
+        full_batches, rest = divmod(len(dataset) // world_size, batch_size)
+        drop_last = rest < batch_size / 2
+        if train and full_batches == 0 and drop_last:
             raise ValueError(
-                f"the {split} split has {len(dataset)} images, fewer than batch_size={batch_size} x "
-                f"{world_size} device(s): with drop_last there would be no batch at all; lower data.batch_size"
+                f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
+                f"(batch_size={batch_size}): there would be no training batch at all; lower data.batch_size"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         workers = self.loader_workers(dataset)
@@ -201,8 +240,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if not train:
             generator = torch.Generator().manual_seed(seed)  # keeps the global random stream untouched
             return DataLoader(dataset, shuffle=False, drop_last=False, generator=generator, **settings)
-        # Shuffle train only, and drop the short last batch: it gives a noisy step and, with
-        # BatchNorm, poor statistics. The run's seed (seed_everything) fixes the order.
+        # Shuffle train only; the run's seed (seed_everything) fixes the order.
         rank = self.trainer.global_rank if self.trainer is not None else 0
         sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
         self.train_sampler = sampler
@@ -210,7 +248,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
             sampler.set_epoch(self._resume_state["epoch"])
             sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
             self._resume_state = None
-        return DataLoader(dataset, sampler=sampler, drop_last=True, generator=sampler.loader_generator, **settings)
+        return DataLoader(dataset, sampler=sampler, drop_last=drop_last, generator=sampler.loader_generator, **settings)
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""

@@ -47,9 +47,10 @@ class ImageFolderDataModule(ImageDataModule):
 
     Class names are the folder names of ``root/train``, sorted; they travel in the
     checkpoint so ``predict`` can name its answers. Without ``root/val``, a stratified,
-    seeded share of ``root/train`` is held out for validation. ``root/test`` is read only
-    by ``test``. ``predict`` of a trained model reads neither: the class names and the
-    normalisation come from its checkpoint, so its training folder may be gone.
+    seeded share of ``root/train`` is held out for validation; without ``root/test``, another
+    for the test split (many photo sets come as train/ and val/ alone). The test split is
+    read only by ``test``. ``predict`` of a trained model reads neither: the class names and
+    the normalisation come from its checkpoint, so its training folder may be gone.
 
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
@@ -58,7 +59,11 @@ class ImageFolderDataModule(ImageDataModule):
         batch_size: images per batch on each device.
         global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
-        split_seed: seed of that split alone.
+        test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``.
+            0.1 by default, so that ``test`` always has images the checkpoint choice never
+            saw (the best ``val/acc`` is an optimistic score); 0 trains on them instead,
+            and ``test`` then needs a ``test/`` folder.
+        split_seed: seed of these splits alone.
         num_workers: processes that decode images: the cache build, or streaming. Cached
             batches are indexed in the main process, where workers would only add copies.
         cache: decode every image once into a uint8 memmap (fast); otherwise DataLoader
@@ -86,9 +91,10 @@ class ImageFolderDataModule(ImageDataModule):
         root: str,
         image_size: int | tuple[int, int] = 32,
         channels: Literal["rgb", "grayscale"] = "rgb",
-        batch_size: int = 128,
+        batch_size: int = 32,
         global_batch_size: int | None = None,
         val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
         split_seed: int = 0,
         num_workers: int = 2,
         cache: bool | None = None,
@@ -104,13 +110,16 @@ class ImageFolderDataModule(ImageDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
         self.save_hyperparameters()
+        if not 0 <= test_fraction < 1:
+            raise ValueError(f"data.test_fraction={test_fraction} must be at least 0 and below 1")
         self.root = Path(root)
-        self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.image_size = image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
         self.cache = max(self.image_size) <= cache_max_size if cache is None else cache
         self.cache_dir = Path(cache_dir)
-        self.val_fraction, self.split_seed, self.skip_invalid = val_fraction, split_seed, skip_invalid
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.split_seed, self.skip_invalid = split_seed, skip_invalid
         self.given_stats = (mean, std) if mean is not None and std is not None else None
         self.predict_path = predict_path
         self.folders = self._scan(classes)
@@ -119,6 +128,17 @@ class ImageFolderDataModule(ImageDataModule):
         self.split_files: dict[str, list[Path]] = {}
         self.class_names = list(classes) if classes else sorted(self.folders["train"])
         self.num_classes = len(self.class_names)
+
+    @property
+    def has_test(self) -> bool:
+        return "test" in self.folders or self.test_fraction > 0
+
+    def _held_out(self) -> dict[str, float]:
+        """{split: fraction} of the splits held out of train/: val without val/, test without test/."""
+        fractions = {"val": self.val_fraction} if "val" not in self.folders else {}
+        if "test" not in self.folders and self.test_fraction > 0:
+            fractions["test"] = self.test_fraction
+        return fractions
 
     def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
         """Check the layout before anything is decoded; every problem is named. Without root/train,
@@ -207,9 +227,11 @@ class ImageFolderDataModule(ImageDataModule):
             files = self._predict_files()
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if split not in self.folders:
+            held_out = ", set data.test_fraction above 0 to hold a share of train/ out, or run validate"
+            or_else = held_out if split == "test" else ""
             raise FileNotFoundError(
                 f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/<image "
-                "files>; add one, or use validate to evaluate on the validation split"
+                f"files>; add one{or_else}"
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]
@@ -237,11 +259,12 @@ class ImageFolderDataModule(ImageDataModule):
 
     def load_split(self, split: str) -> Split:
         """uint8 images (cached path) or None (streaming), and labels; records the files used."""
-        source = "train" if split == "val" and "val" not in self.folders else split
+        held_out = self._held_out()
+        source = "train" if split in held_out else split
         files, labels, keep = self._source(source)
-        if split in ("train", "val") and "val" not in self.folders:
-            train, val = stratified_split(labels[keep], [self.val_fraction], self.split_seed)
-            keep = keep[train if split == "train" else val]
+        if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
+            parts = stratified_split(labels[keep], list(held_out.values()), self.split_seed)
+            keep = keep[parts[0 if split == "train" else 1 + list(held_out).index(split)]]
         self.split_files[split] = [files[index] for index in keep]
         if split == "predict":
             self.predict_ids = [str(path) for path in self.split_files[split]]

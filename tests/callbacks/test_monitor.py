@@ -63,6 +63,21 @@ def test_tensorboard_serves_the_curves_the_confusion_matrix_and_the_misclassifie
         server.wait(timeout=30)
 
 
+def test_metrics_csv_rows_hold_only_the_values_of_their_own_epoch(run_cli):
+    # 3 steps an epoch, logged every 5: step 5 falls in epoch 1, step 10 in epoch 3, none in epoch 2;
+    # validation runs after epochs 1 and 3 only.
+    run = run_cli("fit", "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches",
+                  "2", "--trainer.log_every_n_steps", "5", "--trainer.check_val_every_n_epoch", "2")  # fmt: skip
+    rows = list(csv.DictReader((Path(run.trainer.log_dir) / "metrics.csv").open()))
+    logged = [{key for key, value in row.items() if value} for row in rows]
+    every_epoch = {"epoch", "step", "train/loss", "train/acc", "train/epoch_time", "train/images_per_sec"}
+    at_steps = {"train/grad_norm", "lr/decay", "lr/no_decay"}
+    validation = {"val/loss", "val/acc"}
+    logging_epoch = every_epoch | at_steps | validation
+    assert logged == [every_epoch, logging_epoch, every_epoch, logging_epoch]
+    assert rows[1]["train/grad_norm"] != rows[3]["train/grad_norm"]
+
+
 def test_heatmap_normalises_rows_and_marks_the_diagonal():
     image = heatmap(torch.tensor([[8, 2], [0, 5]]), cell=4)
     assert image.shape == (3, 8, 8)

@@ -91,6 +91,35 @@ def test_val_split_is_stratified_by_class(image_folder, tmp_path):
     assert not train_files & set(data.split_files["val"])
 
 
+@pytest.mark.parametrize("folders", [("train",), ("train", "val")])
+def test_without_a_test_folder_a_stratified_seeded_share_of_train_is_the_test_split(tmp_path, folders):
+    root = write_image_folder(tmp_path / "images", per_class=20, splits=folders)
+    data = module(root, tmp_path, val_fraction=0.15, test_fraction=0.15)
+    assert data.has_test
+    data.setup("fit")
+    data.setup("test")
+    split = {name: set(data.split_files[name]) for name in ("train", "val", "test")}
+    assert not split["train"] & split["test"] and not split["val"] & split["test"]
+    assert torch.bincount(data.datasets["test"].labels).tolist() == [3, 3, 3]  # 15% of 60, by class
+    assert all(path.parent.parent.name == "train" for path in split["test"])
+    if "val" in folders:  # the val folder as it is; only the test split comes out of train/
+        assert all(path.parent.parent.name == "val" for path in split["val"]) and len(split["train"]) == 51
+    else:
+        assert len(split["train"]) + len(split["val"]) + len(split["test"]) == 60
+    again = module(root, tmp_path, val_fraction=0.15, test_fraction=0.15)
+    again.setup("test")  # test alone, in another process: the same images
+    assert set(again.split_files["test"]) == split["test"]
+    other_seed = module(root, tmp_path, val_fraction=0.15, test_fraction=0.15, split_seed=1)
+    other_seed.load_split("test")
+    assert set(other_seed.split_files["test"]) != split["test"]
+    assert not module(root, tmp_path, test_fraction=0).has_test
+
+
+def test_a_test_fraction_outside_0_to_1_is_refused(image_folder, tmp_path):
+    with pytest.raises(ValueError, match="test_fraction=1.0 must be at least 0 and below 1"):
+        module(image_folder, tmp_path, test_fraction=1.0)
+
+
 def test_a_val_folder_is_used_as_it_is(image_folder, tmp_path):
     (image_folder / "val" / "cat").mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(image_folder / "val" / "cat" / "only.png")
@@ -241,8 +270,8 @@ def test_a_single_class_is_refused_before_training(tmp_path):
 
 def test_missing_test_images_and_predict_images_say_what_to_do(image_folder, tmp_path):
     shutil.rmtree(image_folder / "test")
-    with pytest.raises(FileNotFoundError, match=r"no test/ folder in .*test/<class>/.*validate"):
-        module(image_folder, tmp_path).setup("test")
+    with pytest.raises(FileNotFoundError, match=r"no test/ folder in .*test/<class>/.*test_fraction above 0.*validate"):
+        module(image_folder, tmp_path, test_fraction=0).setup("test")
     with pytest.raises(ValueError, match="predict needs images: set data.*predict_path to a folder"):
         module(image_folder, tmp_path).setup("predict")
     missing = tmp_path / "missing"

@@ -76,3 +76,23 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     assert exit_info.value.code == 1
     main(["export", "--ckpt_path", best, "--format", "torchscript", "--output", str(tmp_path / "model.pt")])
     assert (tmp_path / "model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_a_folder_of_train_and_val_alone_is_tested_on_a_share_held_out_of_train(run_cli, tmp_path, capsys):
+    root = write_image_folder(tmp_path / "images", per_class=10, splits=("train", "val"))
+    data = ["--config", str(CONFIG), "--data.root", str(root), "--data.image_size", "16", "--data.num_workers", "0",
+            "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    fitted = run_cli("fit", *data, "--trainer.max_epochs", "1")  # the config's batch and test_fraction
+    best = fitted.trainer.checkpoint_callback.best_model_path
+    assert f"test it, once:   template test --ckpt_path {best}" in capsys.readouterr().out
+    tested = run_cli("test", "--ckpt_path", best)
+    assert "test/acc" in tested.trainer.callback_metrics
+    test_files = tested.datamodule.split_files["test"]
+    assert len(test_files) == 3 and {path.parent.name for path in test_files} == {"cat", "dog", "owl"}
+    assert not set(test_files) & set(fitted.datamodule.split_files["train"])
+
+    fitted.datamodule.test_fraction = 0  # no test/ and none held out: no test split to suggest
+    fitted.print_summary(Path(fitted.trainer.log_dir))
+    summary = capsys.readouterr().out
+    assert "best checkpoint" in summary and "test --ckpt_path" not in summary

@@ -252,11 +252,12 @@ def test_folder_data_is_checked_on_either_path_and_a_copied_test_file_is_caught(
 
 def test_a_folder_without_test_images_is_a_warning_and_unreadable_files_a_named_failure(image_folder, tmp_path):
     shutil.rmtree(image_folder / "test")
-    data = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, cache_dir=str(tmp_path))
+    settings = {"image_size": 16, "batch_size": 8, "num_workers": 0, "cache_dir": str(tmp_path)}
+    data = ImageFolderDataModule(str(image_folder), test_fraction=0, **settings)
     found = checks(ResNetSmall(3, 3), data)
     assert found["test splits"].status == "warn" and "no test/ folder" in found["test splits"].detail
     assert failed(found) == [] and found["train/val overlap"].status == "pass"
     (image_folder / "train" / "dog" / "broken.jpg").write_bytes(b"not an image")
-    data = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, cache_dir=str(tmp_path))
+    data = ImageFolderDataModule(str(image_folder), test_fraction=0, **settings)
     found = checks(ResNetSmall(3, 3), data)
     assert failed(found) == ["fit splits"] and "broken.jpg" in found["fit splits"].detail
