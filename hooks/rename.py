@@ -21,7 +21,16 @@ OLD = "template"  # the package name of this repository
 # Files that only serve generation; a generated project does not get them.
 MACHINERY = ("cookiecutter.json", "hooks/", "{{cookiecutter.project_slug}}/", "tests/test_generate.py")
 # Never copied, whatever git says: local state of the source checkout.
-LOCAL = (".git/", ".venv/", "runs/", ".pytest_cache/", ".ruff_cache/", "__pycache__/", ".ipynb_checkpoints/")
+LOCAL = (
+    ".git/", ".venv/", "runs/", ".cache/", "lightning_logs/", ".pytest_cache/", ".ruff_cache/", "__pycache__/",
+    ".ipynb_checkpoints/",
+)  # fmt: skip
+# Lines that only make sense in this repository (its generation machinery), between markers in
+# the comment syntax of their file; a project does not get them.
+TEMPLATE_ONLY = re.compile(
+    r"<!-- template-only -->.*?<!-- /template-only -->\n*|^[ \t]*# template-only\n.*?^[ \t]*# /template-only\n",
+    re.S | re.M,
+)
 
 # Names a package must not shadow: the dependencies and tools the project imports.
 TAKEN = {
@@ -42,6 +51,7 @@ _NAME_PATTERNS = [
     r"(?<=/)" + _WORD,  # .venv/bin/template
     r"(?<=[\"'`])" + _WORD + r"(?=[\"'`*])",  # "template", 'template*', `template`
     r"^" + _WORD + r"(?= = \")",  # the console script entry in pyproject.toml
+    r"(?<==)" + _WORD + r"$",  # a value: #SBATCH --job-name=template
     _WORD + r"(?= (?:fit|validate|test|predict|doctor|export|lr-find|--help|-h)\b)",  # a command line
 ]
 NAME = re.compile("|".join(f"(?:{pattern})" for pattern in _NAME_PATTERNS), re.MULTILINE)
@@ -94,17 +104,23 @@ def project_files(source: Path) -> list[str]:
     for name in listed:
         if not name or not (source / name).is_file():  # empty entries and deleted-but-tracked files
             continue
-        if name.startswith(MACHINERY) or any(part + "/" in LOCAL for part in Path(name).parts[:-1]):
+        parts = Path(name).parts
+        if name.startswith(MACHINERY) or name == ".git" or any(part + "/" in LOCAL for part in parts[:-1]):
             continue
         keep.append(name)
     return sorted(keep)
 
 
 def rewrite_readme(text: str, project_name: str, description: str) -> str:
-    """A README of the project's own: its title and description, without the template-only parts."""
-    text = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.S)
+    """A README of the project's own: its title and description."""
     body = text[text.index("```bash") :]  # the two set-up commands and everything after them stay
     return f"# {project_name}\n\n{description}\n\n{body}"
+
+
+def rewrite_package_docstring(text: str, description: str) -> str:
+    """The package's docstring says what the project is, not what the template is."""
+    escaped = (description.strip() or "An image classifier.").replace("\\", "\\\\").replace('"', '\\"')
+    return re.sub(r'\A""".*?"""', lambda _: f'"""{escaped}"""', text, count=1, flags=re.S)
 
 
 def rewrite_pyproject(text: str, description: str, author: str) -> str:
@@ -129,11 +145,13 @@ def generate(
         except UnicodeDecodeError:  # binary: copied as it is
             target.write_bytes(data)
             continue
-        text = rename_text(text, package_name)
+        text = rename_text(TEMPLATE_ONLY.sub("", text), package_name)
         if name == "README.md":
             text = rewrite_readme(text, project_name, description)
         elif name == "pyproject.toml":
             text = rewrite_pyproject(text, description, author)
+        elif name == f"{OLD}/__init__.py":
+            text = rewrite_package_docstring(text, description)
         target.write_text(text, encoding="utf-8")
         shutil.copymode(source / name, target)
 

@@ -30,6 +30,7 @@ def test_rename_changes_names_and_leaves_the_word_alone():
         'template = "template.commands:main"\ninclude = ["template*"]\npython -m template fit\n'
         "$(BIN)/template test --ckpt_path best\nsee template/module.py and `template fit`\n"
         "A project template; the template's defaults; templates_lab; my-template; x.template\n"
+        "#SBATCH --job-name=template\n"
     )
     renamed = rename_text(text, "bird_watch")
     assert renamed == (
@@ -37,6 +38,7 @@ def test_rename_changes_names_and_leaves_the_word_alone():
         'bird_watch = "bird_watch.commands:main"\ninclude = ["bird_watch*"]\npython -m bird_watch fit\n'
         "$(BIN)/bird_watch test --ckpt_path best\nsee bird_watch/module.py and `bird_watch fit`\n"
         "A project template; the template's defaults; templates_lab; my-template; x.template\n"
+        "#SBATCH --job-name=bird_watch\n"
     )
     assert rename_text(renamed, "bird_watch") == renamed  # idempotent
     assert rename_text(text, "bird_watch") == renamed  # deterministic
@@ -89,6 +91,24 @@ def run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.Complet
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project generated with cookiecutter's defaults but the name, shared by the quick checks below."""
+    return render(tmp_path_factory.mktemp("generated"), project_name="Bird Watch")
+
+
+def test_a_generated_project_names_no_template_leftovers(project):
+    # The English word may stay ("Keep up with the template"); what names this repository may not.
+    assert "#SBATCH --job-name=bird_watch\n" in (project / "scripts" / "slurm.sbatch").read_text()
+    docstring = (project / "bird_watch" / "__init__.py").read_text().splitlines()[0]
+    assert docstring == '"""An image classifier trained with PyTorch Lightning."""'  # the description
+    pyproject = (project / "pyproject.toml").read_text()
+    assert "hooks/" not in pyproject and "template (hooks/)" not in pyproject  # no exclude of absent files
+    for path in project.rglob("*"):
+        if path.is_file() and ".git" not in path.parts:
+            assert "template-only" not in path.read_text(errors="ignore"), path
 
 
 # Each generated project runs its fast tests (everything but those marked slow: the slow
