@@ -156,6 +156,32 @@ def generate(
         shutil.copymode(source / name, target)
 
 
+# Who makes the first commit where git knows no user (a fresh machine, a CI job).
+GENERATOR = ("cookiecutter", "cookiecutter@localhost")
+
+
+def first_commit(project: Path, message: str) -> str | None:
+    """Make ``project`` a git repository with all its files in one commit, so that `cruft update`
+    (which needs a clean git work tree) works at once. Returns None when done, or what stopped it
+    and the commands that finish the job by hand."""
+    by_hand = f"in {project}: git init && git add -A && git commit -m 'Generated from the template'"
+    if shutil.which("git") is None:
+        return f"git was not found, so the project is not a git repository; `cruft update` needs one: {by_hand}"
+    outer = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=project, capture_output=True, text=True)
+    if outer.returncode == 0:  # generated inside a repository: the project's files are that one's to commit
+        return f"the project lies inside the git repository {outer.stdout.strip()}; commit it there"
+    identity = []
+    for key, value in zip(("user.name", "user.email"), GENERATOR):
+        if subprocess.run(["git", "config", key], cwd=project, capture_output=True).returncode != 0:
+            identity += ["-c", f"{key}={value}"]
+    steps = (["init", "-q"], ["add", "-A"], [*identity, "commit", "-q", "--no-verify", "-m", message])
+    for step in steps:
+        done = subprocess.run(["git", *step], cwd=project, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"`git {' '.join(step[-5:])}` failed: {done.stderr.strip()}; finish {by_hand}"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path, help="this repository")

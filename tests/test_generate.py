@@ -12,9 +12,11 @@ from cookiecutter.main import cookiecutter
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hooks"))
-from rename import check_names, derive_package_name, project_files, rename_text  # noqa: E402
+from rename import GENERATOR, check_names, derive_package_name, first_commit, project_files, rename_text  # noqa: E402
 
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
+# The README's command for the first commit of a project made by `cruft create`.
+README_FIRST_COMMIT = re.search(r"`(cd my-project && git init [^`]*)`", (REPO / "README.md").read_text()).group(1)
 
 # Every way code can name the package: an import, a module path, a class_path, an entry point.
 LEFTOVER = re.compile(
@@ -99,6 +101,34 @@ def project(tmp_path_factory) -> Path:
     return render(tmp_path_factory.mktemp("generated"), project_name="Bird Watch")
 
 
+def test_a_generated_project_is_committed_and_a_run_leaves_it_clean(project):
+    assert run(["git", "log", "--format=%s"], project).stdout.startswith(f"Generated from {REPO}")
+    assert not run(["git", "status", "--porcelain"], project).stdout  # .cruft.json included
+    for output in (".cache/images/train-0123.npy", "runs/digits/version_0/metrics.csv", "lightning_logs/x"):
+        (project / output).parent.mkdir(parents=True, exist_ok=True)
+        (project / output).write_text("written by a run")
+    assert not run(["git", "status", "--porcelain", "--untracked-files=all"], project).stdout
+
+
+def test_without_git_the_project_is_made_and_the_message_says_what_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git to be found
+    (tmp_path / "project").mkdir()
+    problem = first_commit(tmp_path / "project", "Generated")
+    assert "git was not found" in problem and "git init && git add -A && git commit" in problem
+    assert not (tmp_path / "project" / ".git").exists()
+
+
+def test_the_first_commit_has_an_author_where_git_knows_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.gitconfig
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("hello\n")
+    assert first_commit(project, "Generated") is None
+    assert run(["git", "log", "--format=%an <%ae>"], project).stdout.strip() == "{} <{}>".format(*GENERATOR)
+
+
 def test_a_generated_project_names_no_template_leftovers(project):
     # The English word may stay ("Keep up with the template"); what names this repository may not.
     assert "#SBATCH --job-name=bird_watch\n" in (project / "scripts" / "slurm.sbatch").read_text()
@@ -151,7 +181,11 @@ def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names,
 
 
 @pytest.mark.slow
-def test_cruft_update_brings_template_changes_and_keeps_user_edits(tmp_path):
+@pytest.mark.parametrize("route", ["cookiecutter", "cruft create"])
+def test_cruft_update_works_right_after_generation(tmp_path, route, monkeypatch):
+    for who in ("AUTHOR", "COMMITTER"):  # the README's git commit, on a machine where git knows no user
+        monkeypatch.setenv(f"GIT_{who}_NAME", "Test")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "test@example.invalid")
     # A temporary copy of the template as it is in this working tree, as a git repository.
     template = tmp_path / "template-copy"
     listed = run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], REPO).stdout
@@ -166,23 +200,32 @@ def test_cruft_update_brings_template_changes_and_keeps_user_edits(tmp_path):
     cruft = [sys.executable, "-m", "cruft"]
     out = tmp_path / "projects"
     out.mkdir()
-    run([*cruft, "create", str(template), "--no-input", "--extra-context", '{"project_name": "Bird Watch"}'], out)
+    if route == "cookiecutter":  # the generation commits everything itself
+        cookiecutter(str(template), no_input=True, output_dir=str(out), extra_context={"project_name": "Bird Watch"})
+    else:  # cruft writes .cruft.json after the generation: the README's first commit by hand
+        run([*cruft, "create", str(template), "--no-input", "--extra-context", '{"project_name": "Bird Watch"}'], out)
+        run(["bash", "-c", README_FIRST_COMMIT.removeprefix("cd my-project && ")], out / "bird-watch")
     project = out / "bird-watch"
-    run(["git", "init", "-q"], project)
-    run(["git", "add", "-A"], project)
-    run([*GIT, "commit", "-qm", "generated"], project)
     user_file = project / "configs" / "default.yaml"
     user_file.write_text(user_file.read_text().replace("max_epochs: 30", "max_epochs: 12"))
     run([*GIT, "commit", "-qam", "my own setting"], project)
+    for output in (".cache/images/train.npy", "runs/digits/version_0/metrics.csv"):  # a run's outputs
+        (project / output).parent.mkdir(parents=True, exist_ok=True)
+        (project / output).write_text("written by a run")
 
     augment = template / "template" / "data" / "augment.py"
     augment.write_text(augment.read_text() + "\n\nTEMPLATE_CHANGE = 1  # from template.data import augment\n")
+    template_file = template / "configs" / "default.yaml"
+    template_file.write_text(template_file.read_text().replace("max_epochs: 30", "max_epochs: 40"))
     run([*GIT, "commit", "-qam", "template v2"], template)
 
-    run([*cruft, "update", "--skip-apply-ask", "--allow-untracked-files", "-y"], project)
+    update = run([*cruft, "update", "-y"], project)  # no --allow-untracked-files: the tree is clean
     updated = (project / "bird_watch" / "data" / "augment.py").read_text()
     assert "TEMPLATE_CHANGE = 1  # from bird_watch.data import augment" in updated  # arrived, renamed
-    assert "max_epochs: 12" in user_file.read_text()  # the user's edit survived
+    # The conflict, as the README describes it: markers in the file, unmerged in git, no .rej file.
+    assert "<<<<<<< ours\n  max_epochs: 12\n=======\n  max_epochs: 40\n>>>>>>> theirs\n" in user_file.read_text()
+    assert "Applied patch to 'configs/default.yaml' with conflicts." in update.stdout + update.stderr
+    assert "UU configs/default.yaml" in run(["git", "status", "--short"], project).stdout
     assert not list(project.rglob("*.rej"))
     recorded = (project / ".cruft.json").read_text()
     assert run(["git", "rev-parse", "HEAD"], template).stdout.strip() in recorded
