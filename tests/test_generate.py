@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -139,6 +140,23 @@ def test_a_generated_project_names_no_template_leftovers(project):
     for path in project.rglob("*"):
         if path.is_file() and ".git" not in path.parts:
             assert "template-only" not in path.read_text(errors="ignore"), path
+
+
+def test_a_generated_project_has_ci_calling_make_test(project):
+    workflow = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())
+    commands = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]
+    assert "make test" in commands
+    assert "\ntest: " in (project / "Makefile").read_text()
+
+
+def test_a_generated_project_passes_pre_commit_offline(project, tmp_path):
+    # Local hooks: the ruff of this environment, nothing fetched (PRE_COMMIT_HOME starts empty).
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    env = {"PATH": path, "HOME": str(tmp_path), "PRE_COMMIT_HOME": str(tmp_path / "pre-commit")}
+    result = subprocess.run([sys.executable, "-m", "pre_commit", "run", "--all-files"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"ruff check\.+Passed", result.stdout) and re.search(r"ruff format\.+Passed", result.stdout)
 
 
 # Each generated project runs its fast tests (everything but those marked slow: the slow
