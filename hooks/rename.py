@@ -4,7 +4,8 @@ The one renaming implementation: the cookiecutter hooks call it, and so can a pe
 (`python hooks/rename.py SRC DST --project-name "Leaf Disease"`). It changes what names
 the package (imports, module paths, YAML ``class_path`` entries, the console script,
 ``python -m``, directory paths, pyproject metadata), never the ordinary English word
-"template", and applied twice it changes nothing more.
+"template", and applied twice it changes nothing more. ``first_commit`` then makes the
+project a git repository, for the cookiecutter hook (cruft update needs one).
 """
 
 import argparse
