@@ -4,7 +4,8 @@ The one renaming implementation: the cookiecutter hooks call it, and so can a pe
 (`python hooks/rename.py SRC DST --project-name "Leaf Disease"`). It changes what names
 the package (imports, module paths, YAML ``class_path`` entries, the console script,
 ``python -m``, directory paths, pyproject metadata), never the ordinary English word
-"template", and applied twice it changes nothing more.
+"template", and applied twice it changes nothing more. ``first_commit`` then makes the
+project a git repository, for the cookiecutter hook (cruft update needs one).
 """
 
 import argparse
@@ -21,7 +22,16 @@ OLD = "template"  # the package name of this repository
 # Files that only serve generation; a generated project does not get them.
 MACHINERY = ("cookiecutter.json", "hooks/", "{{cookiecutter.project_slug}}/", "tests/test_generate.py")
 # Never copied, whatever git says: local state of the source checkout.
-LOCAL = (".git/", ".venv/", "runs/", ".pytest_cache/", ".ruff_cache/", "__pycache__/", ".ipynb_checkpoints/")
+LOCAL = (
+    ".git/", ".venv/", "runs/", ".cache/", "lightning_logs/", ".pytest_cache/", ".ruff_cache/", "__pycache__/",
+    ".ipynb_checkpoints/",
+)  # fmt: skip
+# Lines that only make sense in this repository (its generation machinery), between markers in
+# the comment syntax of their file; a project does not get them.
+TEMPLATE_ONLY = re.compile(
+    r"<!-- template-only -->.*?<!-- /template-only -->\n*|^[ \t]*# template-only\n.*?^[ \t]*# /template-only\n",
+    re.S | re.M,
+)
 
 # Names a package must not shadow: the dependencies and tools the project imports.
 TAKEN = {
@@ -42,6 +52,7 @@ _NAME_PATTERNS = [
     r"(?<=/)" + _WORD,  # .venv/bin/template
     r"(?<=[\"'`])" + _WORD + r"(?=[\"'`*])",  # "template", 'template*', `template`
     r"^" + _WORD + r"(?= = \")",  # the console script entry in pyproject.toml
+    r"(?<==)" + _WORD + r"$",  # a value: #SBATCH --job-name=template
     _WORD + r"(?= (?:fit|validate|test|predict|doctor|export|lr-find|--help|-h)\b)",  # a command line
 ]
 NAME = re.compile("|".join(f"(?:{pattern})" for pattern in _NAME_PATTERNS), re.MULTILINE)
@@ -94,17 +105,23 @@ def project_files(source: Path) -> list[str]:
     for name in listed:
         if not name or not (source / name).is_file():  # empty entries and deleted-but-tracked files
             continue
-        if name.startswith(MACHINERY) or any(part + "/" in LOCAL for part in Path(name).parts[:-1]):
+        parts = Path(name).parts
+        if name.startswith(MACHINERY) or name == ".git" or any(part + "/" in LOCAL for part in parts[:-1]):
             continue
         keep.append(name)
     return sorted(keep)
 
 
 def rewrite_readme(text: str, project_name: str, description: str) -> str:
-    """A README of the project's own: its title and description, without the template-only parts."""
-    text = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.S)
+    """A README of the project's own: its title and description."""
     body = text[text.index("```bash") :]  # the two set-up commands and everything after them stay
     return f"# {project_name}\n\n{description}\n\n{body}"
+
+
+def rewrite_package_docstring(text: str, description: str) -> str:
+    """The package's docstring says what the project is, not what the template is."""
+    escaped = (description.strip() or "An image classifier.").replace("\\", "\\\\").replace('"', '\\"')
+    return re.sub(r'\A""".*?"""', lambda _: f'"""{escaped}"""', text, count=1, flags=re.S)
 
 
 def rewrite_pyproject(text: str, description: str, author: str) -> str:
@@ -129,13 +146,41 @@ def generate(
         except UnicodeDecodeError:  # binary: copied as it is
             target.write_bytes(data)
             continue
-        text = rename_text(text, package_name)
+        text = rename_text(TEMPLATE_ONLY.sub("", text), package_name)
         if name == "README.md":
             text = rewrite_readme(text, project_name, description)
         elif name == "pyproject.toml":
             text = rewrite_pyproject(text, description, author)
+        elif name == f"{OLD}/__init__.py":
+            text = rewrite_package_docstring(text, description)
         target.write_text(text, encoding="utf-8")
         shutil.copymode(source / name, target)
+
+
+# Who makes the first commit where git knows no user (a fresh machine, a CI job).
+GENERATOR = ("cookiecutter", "cookiecutter@localhost")
+
+
+def first_commit(project: Path, message: str) -> str | None:
+    """Make ``project`` a git repository with all its files in one commit, so that `cruft update`
+    (which needs a clean git work tree) works at once. Returns None when done, or what stopped it
+    and the commands that finish the job by hand."""
+    by_hand = f"in {project}: git init && git add -A && git commit -m 'Generated from the template'"
+    if shutil.which("git") is None:
+        return f"git was not found, so the project is not a git repository; `cruft update` needs one: {by_hand}"
+    outer = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=project, capture_output=True, text=True)
+    if outer.returncode == 0:  # generated inside a repository: the project's files are that one's to commit
+        return f"the project lies inside the git repository {outer.stdout.strip()}; commit it there"
+    identity = []
+    for key, value in zip(("user.name", "user.email"), GENERATOR):
+        if subprocess.run(["git", "config", key], cwd=project, capture_output=True).returncode != 0:
+            identity += ["-c", f"{key}={value}"]
+    steps = (["init", "-q"], ["add", "-A"], [*identity, "commit", "-q", "--no-verify", "-m", message])
+    for step in steps:
+        done = subprocess.run(["git", *step], cwd=project, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"`git {' '.join(step[-5:])}` failed: {done.stderr.strip()}; finish {by_hand}"
+    return None
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """``template export``: a trained network as safetensors, TorchScript or ONNX, checked for parity.
 
-    template export --ckpt_path runs/digits/version_0/checkpoints/best-epoch015.ckpt --format onnx
+    template export --ckpt_path best --format onnx
 
 The network is rebuilt from the hyper-parameters stored in the checkpoint, its weights are
 loaded without unpickling anything but tensors, and the exported file is then run on the
@@ -26,12 +26,15 @@ from jsonargparse import ArgumentParser
 from torch import nn
 
 from template.checkpoints import (
+    CHECKPOINT_ALIASES,
     UnsafeCheckpointError,
+    find_checkpoint,
     load_checkpoint,
     load_weights,
 )
 from template.cli import PROGRAM
 from template.data.preprocessing import recorded_preprocessing
+from template.runs import DEFAULT_RUNS_DIR
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
@@ -57,11 +60,13 @@ def export_safetensors(
     net: nn.Module, path: Path, hparams: dict[str, Any], metadata: dict[str, str]
 ) -> tuple[nn.Module, dict[str, str]]:
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     # The network's class path and input shape too: a reader rebuilds the network from them.
     metadata = {**metadata, **{key: json.dumps(hparams[key]) for key in ("net", "input_shape")}}
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path), metadata=metadata)
+    # Written by us, not by save_file: its temporary file makes the result mode 0600, readable by
+    # its owner alone, where every other output follows the umask (0644 by default).
+    path.write_bytes(save({k: v.contiguous() for k, v in net.state_dict().items()}, metadata=metadata))
     fresh = build_network(hparams)  # the safetensors file must load into a network built anew
     fresh.load_state_dict(load_file(str(path)))
     with safe_open(str(path), "pt") as file:
@@ -155,7 +160,10 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{PROGRAM} export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
+    parser.add_argument(
+        "--ckpt_path", required=True, help="a .ckpt file, or best / last: of the latest run in --runs_dir"
+    )
+    parser.add_argument("--runs_dir", default=DEFAULT_RUNS_DIR, help="where best and last are looked for")
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
     parser.add_argument("--output", help="where to write (default: beside the checkpoint)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed logit difference")
@@ -166,7 +174,11 @@ def main(args: list[str]) -> None:
     parser = build_parser()
     options = parser.parse_args(args)
     try:
-        export(options.ckpt_path, options.fmt, options.output, options.tolerance)
+        ckpt_path = options.ckpt_path
+        if ckpt_path in CHECKPOINT_ALIASES:
+            ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
+            print(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}")
+        export(ckpt_path, options.fmt, options.output, options.tolerance)
     except (UnsafeCheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,5 +1,6 @@
 import csv
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -39,12 +40,29 @@ def checkpoint(tmp_path_factory):
     return next(runs.glob("digits/version_0/checkpoints/last.ckpt"))
 
 
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_each_export_passes_its_parity_check(checkpoint, tmp_path, fmt, capsys):
+def test_each_export_passes_its_parity_check(checkpoint, tmp_path, fmt, capsys, umask_022):
     path = export(checkpoint, fmt, tmp_path / f"net{FORMATS[fmt]}")
     assert path.is_file()
     printed = capsys.readouterr().out
     assert "parity: max |exported - original| =" in printed and "on a batch of 5" in printed
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)  # the umask's, like every other output
+
+
+@pytest.mark.parametrize("alias, name", [("best", "best-epoch000.ckpt"), ("last", "last.ckpt")])
+def test_export_takes_best_and_last_of_the_latest_run(checkpoint, tmp_path, alias, name, capsys):
+    runs = checkpoint.parents[3]
+    output = tmp_path / "net.safetensors"
+    main(["export", "--ckpt_path", alias, "--runs_dir", str(runs), "--format", "safetensors", "--output", str(output)])
+    assert f"--ckpt_path {alias} -> {checkpoint.parent / name}" in capsys.readouterr().out
+    assert output.is_file()
 
 
 def test_safetensors_file_loads_into_a_fresh_network(checkpoint, tmp_path):
