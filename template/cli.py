@@ -41,7 +41,6 @@ from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
 from template.nets.shape import check_fits, network_arguments
-from template.untrusted import INSTANTIATOR
 from template.runs import (
     continue_run_directory,
     is_tensorboard,
@@ -49,6 +48,7 @@ from template.runs import (
     trained_config,
     without_data_options,
 )
+from template.untrusted import INSTANTIATOR
 
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 # Commands besides fit / validate / test / predict, each a module with main(args).

@@ -145,8 +145,15 @@ class ImageFolderDataModule(ImageDataModule):
         only given classes allow going on: what needs a split then says it is missing."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
             raise ValueError(f"data classes must be at least two different names, not {classes}")
-        if classes is not None and not (self.root / "train").is_dir():
-            return {}
+        if classes is not None and not (self.root / "train").is_dir():  # a trained model's evaluation
+            folders = {split: list_class_folders(self.root / split) for split in ("val", "test")
+                       if (self.root / split).is_dir()}  # fmt: skip
+            unknown = sorted({name for found in folders.values() for name in found} - set(classes))
+            if unknown:
+                raise ValueError(
+                    f"class folder(s) {', '.join(unknown)} in {self.root} are not among the classes {classes}"
+                )
+            return folders
         folders = self._scan_folders()
         if classes is not None and set(classes) != set(folders["train"]):
             raise ValueError(

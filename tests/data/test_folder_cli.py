@@ -63,6 +63,8 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     # Only the checkpoint and the images: the training folder gone, predict and export still work, with
     # the class names and the normalisation the model was trained with.
     new_images = shutil.copytree(image_folder / "test", tmp_path / "new")
+    shutil.rmtree(image_folder / "train")  # test/ alone: evaluated with the trained classes and statistics
+    assert "test/acc" in run_cli("test", "--ckpt_path", best).trainer.callback_metrics
     shutil.rmtree(image_folder)
     run_cli("predict", "--ckpt_path", best, "--data.predict_path", str(new_images))
     again = sorted(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))[-1]
