@@ -144,8 +144,13 @@ class ClassificationModule(L.LightningModule):
         loss = self._loss(logits, labels)
         self.train_acc.update(logits.detach(), labels)  # computed once an epoch, over all its batches
         self.log("train/loss", loss)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        # Logged here, once, rather than from every training_step with on_epoch=True: each
+        # self.log call costs Lightning ~0.2 ms, a tenth of a small step. Lightning computes
+        # the metric (synced across DDP ranks) and resets it for the next epoch.
+        self.log("train/acc", self.train_acc)
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         # The gradient norm before clipping (Lightning has unscaled mixed-precision gradients by now):

@@ -48,8 +48,10 @@ class TrainingMonitor(Callback):
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self._rows: list[dict] = []
         self._before: dict = {}
+        self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
     def state_dict(self) -> dict:
+        self._write_row()
         return {"rows": self._rows}  # so that a resumed run's metrics.csv keeps the epochs before it
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -74,6 +76,7 @@ class TrainingMonitor(Callback):
             writer.add_custom_scalars(layout)  # one chart: overfitting shows as the two curves parting
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_row()
         self._epoch_start, self._images = time.perf_counter(), 0
         self._train_end = self._epoch_start
         # callback_metrics keeps every value until it is logged again: one logged only at some
@@ -92,19 +95,31 @@ class TrainingMonitor(Callback):
         speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
         for name, value in speed.items():
             pl_module.log(name, value)
-        # Reading the metrics computes the epoch's, and those synced across DDP ranks (train/acc)
-        # sync then: every rank reads, so that every rank joins that collective here, in step.
-        # Validation ran before this hook, so they hold this epoch's train and val metrics.
+        # Lightning calls the module's on_train_epoch_end after this one, and a module may log its
+        # epoch metrics there (ours logs train/acc): the row waits for the first hook after it, the
+        # saving of a checkpoint (which carries the rows), the next epoch, or the end of training.
+        self._pending = (trainer, {"epoch": trainer.current_epoch, "step": trainer.global_step}, speed)
+
+    def _write_row(self) -> None:
+        if self._pending is None:
+            return
+        (trainer, row, speed), self._pending = self._pending, None
+        # Reading the metrics computes the epoch's, and those synced across DDP ranks sync then:
+        # every rank reads, so that every rank joins that collective here, in step. Validation
+        # and the module's epoch end ran before, so they hold this epoch's train and val metrics.
         metrics = trainer.callback_metrics
         if not trainer.is_global_zero or not trainer.loggers or (run_dir := run_directory(trainer)) is None:
             return
         metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1 and v is not self._before.get(k)}
-        self._rows.append({"epoch": trainer.current_epoch, "step": trainer.global_step, **metrics, **speed})
+        self._rows.append({**row, **metrics, **speed})
         fields = list(dict.fromkeys(key for row in self._rows for key in row))
         with (Path(run_dir) / self.csv_name).open("w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=fields)
             writer.writeheader()
             writer.writerows(self._rows)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_row()
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         num_classes = pl_module.hparams.get("num_classes", 10)

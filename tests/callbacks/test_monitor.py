@@ -84,3 +84,18 @@ def test_heatmap_normalises_rows_and_marks_the_diagonal():
     assert torch.allclose(image[:, 0, 0], torch.tensor([0.82, 0.74, 0.16]))  # 80% of row 0: near yellow
     assert torch.allclose(image[:, 4, 0], torch.tensor([0.1, 0.1, 0.4]))  # none: dark blue
     assert torch.allclose(image[:, 4, 4], torch.tensor([1.0, 0.9, 0.1]))  # all of row 1
+
+
+def test_each_metrics_csv_row_holds_its_own_epochs_train_acc(run_cli):
+    # The module logs train/acc from its on_train_epoch_end, which Lightning calls after the
+    # monitor's: a row written at the monitor's hook would carry the previous epoch's value.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = run_cli("fit", "--trainer.max_epochs", "3")
+    run_dir = Path(run.trainer.log_dir)
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = [round(event.value, 4) for event in events.Scalars("train/acc")]
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"] and len(set(logged)) == 3
+    assert [round(float(row["train/acc"]), 4) for row in rows] == logged
