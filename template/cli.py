@@ -97,9 +97,9 @@ class ClassificationCLI(LightningCLI):
             parser.add_lightning_class_args(callback, section)
         # The DataModule knows the classes, channels and image size; the model is told,
         # so they are never stated twice.
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
+        parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
         # The network's num_classes and in_channels, where it takes them: instantiate_classes.
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -191,7 +191,7 @@ class ClassificationCLI(LightningCLI):
         them into a network that does not, and fails on a function such as torchvision.models.resnet18),
         and is checked against the data before any training (``template.nets.shape``)."""
         config = self.config.get(str(self.subcommand), self.config)
-        data_config, net = config.data, config.model.net
+        data_config, net = config.data, config.model.init_args.net
         parser = ArgumentParser(exit_on_error=False)
         parser.add_subclass_arguments(ImageDataModule, "data")
         instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
@@ -308,6 +308,7 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
+            subclass_mode_model=True,
             # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
             # the checkpoint on pre-emption. Fresh for every run.
             trainer_defaults={"callbacks": [ResumeState()]},

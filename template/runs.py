@@ -61,8 +61,10 @@ def trained_config(
         if evaluating and isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
             logger["init_args"].pop("version", None)
     else:
-        hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
-        config = {"model": hparams}
+        hparams = dict(checkpoint.get("hyper_parameters") or {})
+        class_path = hparams.pop("_class_path", None)  # a LightningModule subclass chosen from YAML
+        init_args = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        config = {"model": {"class_path": class_path, "init_args": init_args} if class_path else init_args}
         if (data := recorded_datamodule(checkpoint)) is not None:
             config["data"] = data
     config.pop("ckpt_path", None)  # the checkpoint given is the one evaluated

@@ -165,15 +165,23 @@ def merge(verdicts: list[Expect]) -> Expect:
 
 
 def _parameters(cls: type) -> tuple[dict[str, Any], bool]:
-    """The annotation of each argument of ``cls`` (unreadable ones as strings) and whether it takes **kwargs."""
-    target = cls.__init__ if isinstance(cls, type) else cls  # a class, or a function that builds one
-    parameters = inspect.signature(target).parameters
-    try:
-        hints = typing.get_type_hints(target)
-    except Exception:  # an annotation that does not resolve here: UNKNOWN, see expect()
-        hints = {}
-    annotations = {name: hints.get(name, parameter.annotation) for name, parameter in parameters.items()}
-    return annotations, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    """The annotation of each argument of ``cls`` (unreadable ones as strings) and whether it takes **kwargs.
+    A class whose ``__init__`` passes ``*args, **kwargs`` on (a LightningModule subclass, say) also takes
+    its parents' arguments, with their types, as jsonargparse reads them."""
+    targets = [c.__init__ for c in cls.__mro__ if "__init__" in vars(c)] if isinstance(cls, type) else [cls]
+    annotations: dict[str, Any] = {}
+    for target in targets:
+        parameters = inspect.signature(target).parameters
+        try:
+            hints = typing.get_type_hints(target)
+        except Exception:  # an annotation that does not resolve here: UNKNOWN, see expect()
+            hints = {}
+        for name, parameter in parameters.items():
+            if parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                annotations.setdefault(name, hints.get(name, parameter.annotation))
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return annotations, False
+    return annotations, True
 
 
 def check_arguments(cls: type, arguments: Any, key: str, source: str) -> None:
@@ -255,6 +263,8 @@ def check_config(config: Any, source: str, sections: dict[str, type]) -> None:
         check_name(key, "config", source)
         if key == "data":
             check_value(value, key, Expect(True, L.LightningDataModule, False), source)
+        elif key in sections and isinstance(value, dict) and "class_path" in value:  # model: any LightningModule
+            check_value(value, key, Expect(True, L.LightningModule if key == "model" else sections[key], False), source)
         elif key in sections and isinstance(value, dict):
             check_arguments(sections[key], value, key, source)
         else:

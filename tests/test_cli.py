@@ -128,14 +128,17 @@ def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_conf
     import yaml
 
     printed = yaml.safe_load(print_config())
-    assert printed["model"]["label_smoothing"] == 0.1 and printed["model"]["optimizer"]["init_args"]["lr"] == 0.003
+    model = printed["model"]["init_args"]
+    assert model["label_smoothing"] == 0.1 and model["optimizer"]["init_args"]["lr"] == 0.003
     recipe = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
-    recipe["model"]["optimizer"]["init_args"]["lr"] = 0.5
+    recipe["model"]["init_args"]["optimizer"]["init_args"]["lr"] = 0.5
     recipe["trainer"]["max_epochs"] = 7
     (tmp_path / "default.yaml").write_text(yaml.safe_dump(recipe))
     monkeypatch.setattr("template.cli.DEFAULT_CONFIG", tmp_path / "default.yaml")
     changed = yaml.safe_load(print_config())
-    assert changed["model"]["optimizer"]["init_args"]["lr"] == 0.5 and changed["trainer"]["max_epochs"] == 7
+    assert (
+        changed["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.5 and changed["trainer"]["max_epochs"] == 7
+    )
     # An option given overrides the file; choosing another DataModule takes its own defaults, not the digits'.
     cifar = yaml.safe_load(print_config("--data", "template.data.CIFAR10DataModule", "--trainer.max_epochs", "3"))
     assert cifar["data"]["init_args"]["batch_size"] == 512 and cifar["trainer"]["max_epochs"] == 3

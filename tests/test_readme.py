@@ -86,6 +86,23 @@ def test_the_swap_the_data_example_trains_as_written(run_cli, tmp_path, monkeypa
     sys.modules.pop("my_data", None)
 
 
+@pytest.mark.slow
+def test_the_module_subclass_example_trains_and_evaluates_as_written(run_cli, tmp_path, monkeypatch):
+    text = section("Subclass the module")
+    (tmp_path / "my_module.py").write_text(re.search(r"```python\n(.*?)```", text, re.S).group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_module", raising=False)
+    args = shlex.split(re.search(r"^python -m template (fit .*)$", text, re.M).group(1))
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"]
+    fitted = run_cli(*args, *quick, "--model.label_smoothing", "0.2")
+    assert type(fitted.model).__name__ == "F1Module" and fitted.model.label_smoothing == 0.2
+    assert {f"val/f1_{digit}" for digit in range(10)} <= set(fitted.trainer.callback_metrics)
+    monkeypatch.setenv("CHECKPOINT_TRUSTED_MODULES", "my_module")
+    evaluated = run_cli("validate", "--ckpt_path", "last", "--trainer.limit_val_batches", "2")
+    assert type(evaluated.model).__name__ == "F1Module" and "val/f1_3" in evaluated.trainer.callback_metrics
+    sys.modules.pop("my_module", None)
+
+
 def readme_tags() -> set[str]:
     """The TensorBoard tags the README names: the run directory's list, and every `train/...`-like name."""
     listing = re.search(r"TensorBoard curves: (.*?)\n\s*hparams\.yaml", README, re.S).group(1)

@@ -300,8 +300,12 @@ def config_attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, callable
 
     shell = {"class_path": "os.system", "init_args": {"command": f"touch {marker}"}}
     return {
-        "network": ("model.net.class_path", setting("model", "net", value={"class_path": f"{sentinel}.Net"})),
-        "optimizer": ("model.optimizer.class_path", setting("model", "optimizer", value=shell)),
+        "module": ("model.class_path", setting("model", "class_path", value=f"{sentinel}.Net")),
+        "network": (
+            "model.init_args.net.class_path",
+            setting("model", "init_args", "net", value={"class_path": f"{sentinel}.Net"}),
+        ),
+        "optimizer": ("model.init_args.optimizer.class_path", setting("model", "init_args", "optimizer", value=shell)),
         "data": ("data.class_path", setting("data", value={"class_path": f"{sentinel}.Net"})),
         "callback": ("trainer.callbacks[0].class_path", setting("trainer", "callbacks", value=[shell])),
         "logger": ("trainer.logger.class_path", setting("trainer", "logger", value={"class_path": f"{sentinel}.Net"})),
