@@ -40,6 +40,7 @@ from template.checkpoints import (
 from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
+from template.nets.pretrained import check_cached, replace_head, weights_of
 from template.nets.shape import check_fits, network_arguments
 from template.runs import (
     continue_run_directory,
@@ -192,21 +193,34 @@ class ClassificationCLI(LightningCLI):
         and is checked against the data before any training (``template.nets.shape``)."""
         config = self.config.get(str(self.subcommand), self.config)
         data_config, net = config.data, config.model.init_args.net
+        init_args = net.get("init_args") or Namespace()
+        weights = weights_of(vars(init_args))  # torchvision's pretrained weights (template.nets.pretrained)
+        pretrained = weights is not None and not config.get("ckpt_path")
+        if weights is not None and not pretrained:
+            init_args.weights = None  # the checkpoint holds the trained weights, its head included
+        data_args = data_config.get("init_args") or Namespace()
+        if pretrained:
+            check_cached(weights)
+            if "mean" in data_args and data_args.mean is None and data_args.get("std") is None:
+                stats = weights.transforms()  # the normalisation the weights were trained with, unless given
+                data_args.mean, data_args.std = list(stats.mean), list(stats.std)
         parser = ArgumentParser(exit_on_error=False)
         parser.add_subclass_arguments(ImageDataModule, "data")
         instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
         data = instantiate(parser.parse_object({"data": data_config.as_dict()})).data
         if isinstance(data.hparams, dict):  # what LightningCLI's own instantiation records: checkpoints name the class
             data.hparams.update({"_class_path": data_config.class_path, "_instantiator": INSTANTIATOR})
-        init_args = net.get("init_args") or Namespace()
-        net.init_args = Namespace(
-            **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
-        )
+        arguments = network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
+        if pretrained:
+            arguments.pop("num_classes", None)  # built with the weights' own head, replaced below
+        net.init_args = Namespace(**arguments)
         config.data = data  # jsonargparse takes an instance as it is: built once
         try:
             super().instantiate_classes()
         finally:
             config.data = data_config  # the configuration stays one of values (config.yaml)
+        if pretrained:
+            replace_head(self.model.net, data.num_classes)
         check_fits(self.model.net, data.input_shape, data.num_classes)
 
     def after_instantiate_classes(self) -> None:

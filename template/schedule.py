@@ -60,6 +60,8 @@ class WarmupCosine(LRScheduler):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
 
     def get_lr(self) -> list[float]:
+        for group in self.optimizer.param_groups[len(self.base_lrs) :]:  # added later: an unfrozen backbone
+            self.base_lrs.append(group.setdefault("initial_lr", group["lr"]))
         factor = self.lr_factor(self.last_epoch)
         return [base_lr * factor for base_lr in self.base_lrs]
 

@@ -148,6 +148,7 @@ CONFIG_SETS = [
     ["configs/cifar10_resnet18.yaml"],
     ["configs/cifar10_fast.yaml"],
     ["configs/imagefolder.yaml"],
+    ["configs/imagefolder.yaml", "configs/finetune.yaml"],
     ["configs/default.yaml", "configs/trainer/ddp.yaml"],
     ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
     ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],

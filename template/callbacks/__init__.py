@@ -1,5 +1,6 @@
 """Callbacks the default run turns on."""
 
+from template.callbacks.finetune import FreezeBackbone
 from template.callbacks.monitor import TrainingMonitor
 from template.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from template.callbacks.predictions import PredictionWriter
@@ -8,6 +9,7 @@ from template.callbacks.resume import ResumeState
 from template.callbacks.run_record import RunRecord
 
 __all__ = [
+    "FreezeBackbone",
     "NonFiniteError",
     "NonFiniteGuard",
     "PredictionWriter",

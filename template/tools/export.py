@@ -47,6 +47,10 @@ def build_network(hparams: dict[str, Any]) -> nn.Module:
             "the checkpoint does not say which network it holds (no net class_path in its hyper-parameters); "
             "it was not written by this project's CLI"
         )
+    init_args = config.get("init_args") or {}
+    if init_args.get("weights") is not None:  # pretrained, then fine-tuned: the checkpoint holds all its weights
+        init_args = {**init_args, "weights": None, "num_classes": hparams.get("num_classes")}
+        config = {**config, "init_args": init_args}
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(nn.Module, "net")
     try:  # refuses a class_path that is not a network before anything is called

@@ -1,0 +1,57 @@
+"""Fine-tuning a pretrained network: the new head learns on frozen features first, then all of it, gently."""
+
+import lightning as L
+from lightning.pytorch.callbacks import BaseFinetuning
+from torch import nn
+from torch.optim import Optimizer
+
+from template.module import parameter_groups
+from template.nets.pretrained import head_and_backbone
+
+
+class FreezeBackbone(BaseFinetuning):
+    """Freeze everything but the classifier head (the network's last ``nn.Linear``) until epoch
+    ``unfreeze_at_epoch``, then train the backbone too at ``backbone_lr_ratio`` times the head's
+    learning rate, its weights decayed and its norms and biases not, as the recipe's groups are.
+
+    A fresh head on frozen features finds its feet without sending large, random gradients back
+    into pretrained weights; the lower rate then adapts those weights without undoing them. The
+    schedule (``WarmupCosine``) carries the backbone's groups along from the step they join.
+    Built on Lightning's ``BaseFinetuning``, which also restores the groups on resume.
+
+    Args:
+        unfreeze_at_epoch: the first epoch that trains the backbone (0: never frozen).
+        backbone_lr_ratio: the backbone's learning rate as a fraction of the head's.
+        train_bn: keep BatchNorm layers training while the backbone is frozen.
+    """
+
+    def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
+        super().__init__()
+        if unfreeze_at_epoch < 0 or not 0.0 < backbone_lr_ratio <= 1.0:
+            raise ValueError(
+                f"unfreeze_at_epoch must be >= 0 and backbone_lr_ratio in (0, 1], not {unfreeze_at_epoch} and "
+                f"{backbone_lr_ratio}"
+            )
+        self.unfreeze_at_epoch = unfreeze_at_epoch
+        self.backbone_lr_ratio = backbone_lr_ratio
+        self.train_bn = train_bn
+
+    def freeze_before_training(self, pl_module: L.LightningModule) -> None:
+        if self.unfreeze_at_epoch > 0:
+            self.freeze(head_and_backbone(pl_module.net)[1], train_bn=self.train_bn)
+
+    def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: Optimizer) -> None:
+        if epoch != self.unfreeze_at_epoch or self.unfreeze_at_epoch == 0:
+            return
+        backbone = nn.ModuleList(head_and_backbone(pl_module.net)[1])
+        self.make_trainable(backbone)
+        head = optimizer.param_groups[0]
+        for group in parameter_groups(backbone):
+            optimizer.add_param_group(
+                {
+                    **group,
+                    "name": f"backbone_{group['name']}",
+                    "lr": head["lr"] * self.backbone_lr_ratio,
+                    "initial_lr": head.get("initial_lr", head["lr"]) * self.backbone_lr_ratio,
+                }
+            )

@@ -1,0 +1,66 @@
+"""Pretrained torchvision weights, offline: found in the torch hub cache or named as missing, and a new head.
+
+``--model.net torchvision.models.resnet18 --model.net.weights DEFAULT`` builds the network with the
+weights' own head (1000 ImageNet classes), then ``replace_head`` puts a fresh one with the data's
+class count in place of it. Nothing is downloaded while training: a weights file that is not in
+the cache is an error naming the file and the folder to put it in.
+"""
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def weights_of(init_args: dict) -> Any:
+    """The torchvision weights enum value a network's arguments ask for, or None."""
+    weights = init_args.get("weights")
+    return weights if isinstance(weights, Enum) and hasattr(weights, "url") else None
+
+
+def cached_file(weights: Any) -> Path:
+    """Where torch hub keeps ``weights`` (``$TORCH_HOME/hub/checkpoints/<file>``)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+
+
+def check_cached(weights: Any) -> None:
+    """Refuse, before anything is built, pretrained weights that would have to be downloaded."""
+    path = cached_file(weights)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"pretrained weights {type(weights).__name__}.{weights.name} are not in the torch hub cache: put "
+            f"{path.name} (from {weights.url}) in {path.parent}, or point TORCH_HOME at a folder whose "
+            "hub/checkpoints holds it; nothing is downloaded during a run"
+        )
+
+
+def replace_head(net: nn.Module, num_classes: int) -> nn.Linear | None:
+    """Put a fresh ``nn.Linear`` with ``num_classes`` outputs in place of the network's last linear
+    layer (its classifier: ``fc``, ``classifier[-1]``, ``heads.head``...) when its outputs differ.
+    Returns the new head, or None if the old one already fits."""
+    name, head = next(
+        ((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), (None, None)
+    )
+    if head is None:
+        raise ValueError(
+            f"{type(net).__name__} has no nn.Linear classifier to replace with one of {num_classes} classes"
+        )
+    if head.out_features == num_classes:
+        return None
+    new = nn.Linear(head.in_features, num_classes, bias=head.bias is not None)
+    nn.init.xavier_uniform_(new.weight)  # as the template's own heads
+    if new.bias is not None:
+        nn.init.zeros_(new.bias)
+    parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
+    setattr(parent, name.rpartition(".")[2], new)
+    return new
+
+
+def head_and_backbone(net: nn.Module) -> tuple[list[nn.Parameter], list[nn.Module]]:
+    """The last linear layer's parameters, and every other top-level child (the backbone)."""
+    name = next(n for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear))
+    head = net.get_submodule(name)
+    backbone = [module for module in net.children() if module is not head and head not in list(module.modules())]
+    return list(head.parameters()), backbone
