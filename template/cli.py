@@ -7,6 +7,7 @@ so a misspelt key or a wrongly typed value fails before any training starts.
 
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -81,6 +82,36 @@ CALLBACKS = {
     "nonfinite": NonFiniteGuard,
     "monitor": TrainingMonitor,
 }
+
+
+class ArgumentParser_(LightningArgumentParser):
+    """Lightning's parser, whose errors say what is wrong in a line or two: the option, and the
+    innermost reason jsonargparse found, instead of its tree of every Union member tried (set
+    TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if os.environ.get("TRACEBACK", "") in ("", "0"):
+            message = condense(message)
+        super().error(message, ex)
+
+    def print_usage(self, file=None) -> None:
+        (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
+
+
+# Lines of a jsonargparse error that say where it looked, not what is wrong.
+SCAFFOLDING = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
+                         r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
+
+
+def condense(message: str) -> str:
+    """``message`` of a jsonargparse error as ``key: reason`` when it nests Union and class errors."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    reasons = [line for line in message.splitlines()[1:] if line.strip() and not SCAFFOLDING.match(line.strip())]
+    if not keys or not reasons:
+        return message
+    deepest = max(reasons, key=lambda line: len(line) - len(line.lstrip()))
+    reason = re.sub(r"^(- )?Type .*? expects .*?: ", "", deepest.strip()).removeprefix("- ")
+    return f"{'.'.join(keys)}: {reason}"
 
 
 class ClassificationCLI(LightningCLI):
@@ -322,6 +353,7 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
+            parser_class=ArgumentParser_,
             subclass_mode_model=True,
             # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
             # the checkpoint on pre-emption. Fresh for every run.
