@@ -135,13 +135,16 @@ class ClassificationModule(L.LightningModule):
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # cross_entropy applies log-softmax itself: a softmax before it would squash the
-        # gradients and is the classic silent bug.
+        # gradients and is the classic silent bug. Labels are class indices (B,) or, mixed by
+        # MixUp/CutMix, probabilities (B, K); label smoothing then mixes those with uniform.
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         logits = self(images)
         loss = self._loss(logits, labels)
+        if labels.ndim == 2:  # MixUp/CutMix's class probabilities (B, K): scored against the larger share
+            labels = labels.argmax(dim=1)
         self.train_acc.update(logits.detach(), labels)  # computed once an epoch, over all its batches
         self.log("train/loss", loss)
         return loss

@@ -16,6 +16,7 @@ def test_data_throughput_runs_end_to_end_and_reports_a_ratio():
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"ratio \(b\)/\(a\): [\d.]+x", result.stdout)
+    assert re.search(r"ratio \(d\)/\(c\): [\d.]+x", result.stdout)  # the strong policy, both ways
     assert "one-off cache build" in result.stdout and "baseline ImageFolder" in result.stdout
 
 

@@ -169,3 +169,16 @@ def test_step_metrics_land_once_at_each_step_lightning_logs_at(run_cli, accumula
     assert sorted(set(steps["lr/decay"])) == expected  # (LearningRateMonitor writes each micro-batch's)
     rows = list(csv.DictReader((Path(run.trainer.log_dir) / "metrics.csv").open()))
     assert float(rows[-1]["train/loss"]) > 0 and float(rows[-1]["train/grad_norm"]) > 0  # in callback_metrics too
+
+
+def test_a_fit_with_mixup_and_cutmix_has_a_finite_loss_and_an_accuracy_on_the_larger_share(run_cli):
+    # Labels arrive as class probabilities (B, K): the loss takes them, train/acc their argmax.
+    run = run_cli(
+        "fit", "--data.mixup_alpha", "0.4", "--data.cutmix_alpha", "1.0", "--data.policy", "trivialaugment",
+        "--data.random_erasing", "0.25", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
+        "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "2",
+    )  # fmt: skip
+    rows = list(csv.DictReader((Path(run.trainer.log_dir) / "metrics.csv").open()))
+    assert math.isfinite(float(rows[-1]["train/loss"])) and float(rows[-1]["train/loss"]) > 0
+    assert 0 <= float(rows[-1]["train/acc"]) <= 1 and 0 <= float(rows[-1]["val/acc"]) <= 1
+    assert run.trainer.callback_metrics["train/images_per_sec"] > 0  # the monitor counted the images

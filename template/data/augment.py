@@ -7,25 +7,69 @@ happens to a batch from there is defined here alone and applied by
 ``ImageDataModule.on_after_batch_transfer``, so one config trains one recipe whichever
 path the images took:
 
-    training:  random crop (crop_padding, reflect) -> random mirror (hflip) -> normalise
+    training:  random crop (crop_padding, reflect) -> random mirror (hflip)
+               -> policy (TrivialAugmentWide or RandAugment), on uint8
+               -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: normalise
 
 Working on a whole batch at once replaces thousands of per-image PIL calls in DataLoader
 workers with a handful of kernel launches. Randomness comes from the global torch
 generator of the batch's device, which ``seed_everything`` seeds and an exact resume
-relies on.
+relies on. The policies, erasing and mixing are torchvision's (transforms v2), which draw
+their parameters on the host, from torch's global CPU generator: seeded and checkpointed
+alike, and no wait for the device.
 """
 
+from typing import Literal
+
 import torch
+from torchvision.transforms import v2
+
+Policy = Literal["trivialaugment", "randaugment"]
+POLICIES = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
+GROUPS = 16  # random draws per batch of the v2 transforms: see per_group
 
 
-def augment(images: torch.Tensor, crop_padding: int, hflip: bool) -> torch.Tensor:
-    """Randomly shift each image by up to ``crop_padding`` pixels, then mirror half of them if ``hflip``.
+def augment(images: torch.Tensor, crop_padding: int, hflip: bool, policy: Policy | None = None) -> torch.Tensor:
+    """Randomly shift each image by up to ``crop_padding`` pixels, mirror half of them if ``hflip``,
+    then apply the ``policy``'s random operation.
 
     Runs on uint8 as well as float: cropping before the float copy moves a quarter of the bytes.
     """
     images = random_crop(images, crop_padding)
-    return random_hflip(images) if hflip else images
+    images = random_hflip(images) if hflip else images
+    return per_group(POLICIES[policy](), images) if policy else images
+
+
+def per_group(transform: v2.Transform, images: torch.Tensor, groups: int = GROUPS) -> torch.Tensor:
+    """``transform`` applied to ``groups`` slices of the batch, each with its own random draws.
+
+    A v2 transform draws once a call: on a whole batch, every image would get the same
+    operation and magnitude (or erased rectangle), and the batch one correlated view. Per
+    image would be a call per image; a fixed number of groups (16 cover TrivialAugment's 14
+    operations) keeps a few calls a batch at any batch size. Each image's own distribution is
+    the per-image one, since groups are drawn anew from a shuffled order every step.
+    """
+    size = -(-len(images) // groups)  # ceil: no empty group
+    return torch.cat([transform(group) for group in images.split(size)])
+
+
+def random_erasing(images: torch.Tensor, probability: float) -> torch.Tensor:
+    """Erase a random rectangle (2-33% of the area) to 0, the mean after normalisation, with the
+    given probability (torchvision's RandomErasing, its defaults; Zhong et al., 2017)."""
+    return per_group(v2.RandomErasing(probability), images) if probability > 0 else images
+
+
+def mix(
+    images: torch.Tensor, labels: torch.Tensor, num_classes: int, mixup_alpha: float, cutmix_alpha: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MixUp and/or CutMix (one of them a batch, at random, when both are on), as torchvision's reference
+    recipes: each image blended with its neighbour in the batch, labels (B,) becoming probabilities (B, K)."""
+    mixers = [mixer(alpha=alpha, num_classes=num_classes)
+              for mixer, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]  # fmt: skip
+    if not mixers:
+        return images, labels
+    return v2.RandomChoice(mixers)(images, labels)
 
 
 def reflect_pad(images: torch.Tensor, padding: int) -> torch.Tensor:

@@ -17,7 +17,15 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset
 
-from template.data.augment import augment, channel_stats, normalize
+from template.data.augment import (  # one name a line: a renamed project's longer package name fits
+    POLICIES,
+    Policy,
+    augment,
+    channel_stats,
+    mix,
+    normalize,
+    random_erasing,
+)
 from template.data.loaders import (  # one name a line: a renamed project's longer package name fits
     ResumableSampler,
     Split,
@@ -77,9 +85,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
     and ``class_names`` in ``__init__`` (the CLI links them into the model) and implement
     ``load_split``.
     Every batch reaches the device as uint8 at the training size, from memory, a cache or
-    streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation,
-    ``template.data.augment.augment`` (random crop, mirror), and normalises with the
-    training split's statistics. Those, the input shape and the resize policy are saved in
+    streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation of
+    ``template.data.augment`` (random crop, mirror, a policy; then, after normalising with the
+    training split's statistics, random erasing and MixUp/CutMix), all off by default. Those, the input shape and the resize policy are saved in
     every checkpoint (``preprocessing``, in the DataModule's state) and restored from it, so a
     trained model is evaluated as it was trained, without its training images.
 
@@ -93,6 +101,13 @@ class ImageDataModule(L.LightningDataModule, ABC):
             default here) turns it off.
         hflip: mirror training images left-right at random (off by default). Only for
             classes that stay the same in a mirror (not for digits or text).
+        policy: a random operation per image after crop and mirror: ``trivialaugment``
+            (TrivialAugmentWide) or ``randaugment`` (RandAugment, 2 operations of magnitude 9);
+            ``None`` (the default) for none.
+        random_erasing: probability of erasing a random rectangle of each normalised image; 0: off.
+        mixup_alpha: MixUp's Beta(alpha, alpha) mixing weight; 0: off. Labels become
+            probabilities (B, K) in training.
+        cutmix_alpha: CutMix's, likewise; with both on, each batch takes one of the two.
     """
 
     num_classes: int
@@ -107,15 +122,30 @@ class ImageDataModule(L.LightningDataModule, ABC):
         crop_padding: int = 0,
         hflip: bool = False,
         global_batch_size: int | None = None,
+        policy: Policy | None = None,
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (global_batch_size is not None and global_batch_size < 1):
             raise ValueError(f"batch sizes must be at least 1, got {batch_size} and {global_batch_size}")
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"policy={policy!r} is not one of {sorted(POLICIES)} (or null for none)")
+        if not 0 <= random_erasing <= 1 or mixup_alpha < 0 or cutmix_alpha < 0:
+            raise ValueError(
+                f"random_erasing={random_erasing} must be a probability in [0, 1], and mixup_alpha={mixup_alpha} "
+                f"and cutmix_alpha={cutmix_alpha} at least 0 (0: off; 0.2 to 1 are usual)"
+            )
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.crop_padding = crop_padding
         self.hflip = hflip
+        self.policy = policy
+        self.random_erasing = random_erasing
+        self.mixup_alpha = mixup_alpha
+        self.cutmix_alpha = cutmix_alpha
         self.datasets: dict[str, Dataset] = {}  # TensorImageDataset, or FileDataset when streaming
         self.train_sampler: ResumableSampler | None = None
         self._resume_state: dict | None = None
@@ -283,8 +313,13 @@ class ImageDataModule(L.LightningDataModule, ABC):
         images, labels = batch  # uint8 (B, C, H, W) at the training size, on the training device
         if len(self.mean) == 0:  # evaluating without a checkpoint's statistics
             self._compute_normalization()
-        if self.trainer is not None and self.trainer.training:
+        training = self.trainer is not None and self.trainer.training
+        if training:
             if self.train_sampler is not None:
                 self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-            images = augment(images, self.crop_padding, self.hflip)
-        return normalize(images, self.mean.to(images.device), self.std.to(images.device)), labels
+            images = augment(images, self.crop_padding, self.hflip, self.policy)
+        images = normalize(images, self.mean.to(images.device), self.std.to(images.device))
+        if training:
+            images = random_erasing(images, self.random_erasing)
+            images, labels = mix(images, labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
+        return images, labels

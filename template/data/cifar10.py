@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from template.data.augment import Policy
 from template.data.base import ImageDataModule, Split, stratified_split
 
 FOLDER = "cifar-10-batches-py"
@@ -57,6 +58,8 @@ class CIFAR10DataModule(ImageDataModule):
         num_workers: DataLoader workers; 0 is fastest for data already in memory.
         crop_padding: reflect padding of the random crop (4 is the standard CIFAR recipe).
         hflip: mirror training images at random.
+        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
+            default (see ImageDataModule).
     """
 
     def __init__(
@@ -70,8 +73,22 @@ class CIFAR10DataModule(ImageDataModule):
         num_workers: int = 0,
         crop_padding: int = 4,
         hflip: bool = True,
+        policy: Policy | None = None,
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
+        super().__init__(
+            batch_size,
+            num_workers,
+            crop_padding,
+            hflip,
+            global_batch_size,
+            policy=policy,
+            random_erasing=random_erasing,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+        )
         self.save_hyperparameters()
         self.root = Path(root)
         self.download = download

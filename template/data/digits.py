@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
+from template.data.augment import Policy
 from template.data.base import ImageDataModule, Split, stratified_split
 
 
@@ -23,6 +24,8 @@ class DigitsDataModule(ImageDataModule):
         num_workers: DataLoader workers; 0 is fastest for data already in memory.
         crop_padding: random translation by up to this many pixels.
         hflip: off, since a mirrored digit is a different (or no) digit.
+        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
+            default (see ImageDataModule).
     """
 
     def __init__(
@@ -35,8 +38,22 @@ class DigitsDataModule(ImageDataModule):
         num_workers: int = 0,
         crop_padding: int = 1,
         hflip: bool = False,
+        policy: Policy | None = None,
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
+        super().__init__(
+            batch_size,
+            num_workers,
+            crop_padding,
+            hflip,
+            global_batch_size,
+            policy=policy,
+            random_erasing=random_erasing,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+        )
         self.save_hyperparameters()
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction

@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
-from template.data.augment import channel_stats
+from template.data.augment import Policy, channel_stats
 from template.data.base import ImageDataModule, Split, stratified_split
 from template.data.cache import decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
@@ -82,6 +82,8 @@ class ImageFolderDataModule(ImageDataModule):
             sets them to the trained ones, so a folder is labelled as the model was trained.
         crop_padding: reflect padding of the random crop, in pixels of the training size.
         hflip: mirror training images at random.
+        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
+            default (see ImageDataModule).
     """
 
     resize = "cover_center_crop"  # template.data.cache.decode
@@ -107,8 +109,22 @@ class ImageFolderDataModule(ImageDataModule):
         classes: list[str] | None = None,
         crop_padding: int = 4,
         hflip: bool = True,
+        policy: Policy | None = None,
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
-        super().__init__(batch_size, num_workers, crop_padding, hflip, global_batch_size)
+        super().__init__(
+            batch_size,
+            num_workers,
+            crop_padding,
+            hflip,
+            global_batch_size,
+            policy=policy,
+            random_erasing=random_erasing,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+        )
         self.save_hyperparameters()
         if not 0 <= test_fraction < 1:
             raise ValueError(f"data.test_fraction={test_fraction} must be at least 0 and below 1")

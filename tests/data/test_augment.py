@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from template.data.augment import augment, normalize, random_crop, random_hflip
+from template.data.augment import augment, mix, normalize, random_crop, random_erasing, random_hflip
 
 
 def images() -> torch.Tensor:
@@ -65,3 +66,37 @@ def test_augment_shifts_then_mirrors_uint8_batches_and_does_nothing_when_off():
         assert shifted or flipped
         mirrored += flipped and not shifted
     assert 0 < mirrored < 16
+
+
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment"])
+def test_a_policy_draws_an_operation_per_group_not_one_for_the_whole_batch(policy):
+    # 64 copies of one image: one draw for the batch would leave all 64 alike.
+    batch = (images()[:1] % 256).to(torch.uint8).repeat(64, 1, 1, 1)
+    torch.manual_seed(0)
+    augmented = augment(batch, crop_padding=0, hflip=False, policy=policy)
+    assert augmented.dtype == torch.uint8 and augmented.shape == batch.shape
+    assert len({image.numpy().tobytes() for image in augmented}) > 2
+    torch.manual_seed(0)
+    assert torch.equal(augment(batch, crop_padding=0, hflip=False, policy=policy), augmented)  # seeded
+
+
+def test_random_erasing_erases_to_zero_in_different_places_and_not_when_off():
+    batch = torch.ones(64, 3, 16, 16)
+    torch.manual_seed(0)
+    erased = random_erasing(batch, probability=1.0)
+    assert torch.all((erased == 0) | (erased == 1)) and erased.eq(0).any(dim=(1, 2, 3)).all()
+    assert len({tuple(image[0].eq(0).nonzero()[0].tolist()) for image in erased}) > 2  # corners differ
+    assert torch.equal(random_erasing(batch, probability=0.0), batch)
+
+
+@pytest.mark.parametrize("mixup_alpha, cutmix_alpha", [(0.2, 0.0), (0.0, 1.0), (0.2, 1.0)])
+def test_mix_gives_probability_labels_and_mixed_images(mixup_alpha, cutmix_alpha):
+    batch, labels = torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 16, 16), torch.arange(8) % 4
+    torch.manual_seed(0)
+    draws = [mix(batch, labels, 4, mixup_alpha, cutmix_alpha) for _ in range(5)]
+    for mixed, soft in draws:
+        assert mixed.shape == batch.shape and soft.shape == (8, 4) and soft.dtype == torch.float32
+        torch.testing.assert_close(soft.sum(dim=1), torch.ones(8))
+    assert any(not torch.equal(mixed, batch) and soft.max() < 1 for mixed, soft in draws)
+    plain = mix(batch, labels, 4, 0.0, 0.0)
+    assert plain[0] is batch and plain[1] is labels

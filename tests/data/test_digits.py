@@ -134,3 +134,23 @@ def test_a_crop_padding_the_image_cannot_reflect_is_refused_before_loading(crop_
     with pytest.raises(ValueError, match=f"crop_padding={crop_padding} must be at least 0 and below the image side 8"):
         data.setup("fit")
     assert data.datasets == {}
+
+
+@pytest.mark.parametrize(
+    "augmentation",
+    [{"policy": "trivialaugment"}, {"policy": "randaugment"}, {"random_erasing": 1.0}, {"mixup_alpha": 0.4},
+     {"cutmix_alpha": 1.0}],
+    ids=["trivialaugment", "randaugment", "random_erasing", "mixup", "cutmix"],
+)  # fmt: skip
+def test_each_policy_runs_on_one_channel_8x8_digits(augmentation):
+    data = DigitsDataModule(batch_size=32, crop_padding=0, **augmentation)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    data.trainer = type("Trainer", (), {"training": True})()
+    torch.manual_seed(0)
+    images, labels = data.on_after_batch_transfer(batch, 0)
+    assert images.shape == (32, 1, 8, 8) and torch.isfinite(images).all()
+    data.trainer.training = False
+    assert not torch.equal(images, data.on_after_batch_transfer(batch, 0)[0])
+    mixed = "mixup_alpha" in augmentation or "cutmix_alpha" in augmentation
+    assert labels.shape == ((32, 10) if mixed else (32,))

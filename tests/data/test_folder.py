@@ -280,3 +280,42 @@ def test_missing_test_images_and_predict_images_say_what_to_do(image_folder, tmp
     missing.mkdir()
     with pytest.raises(ValueError, match=f"predict_path: {missing} holds no files"):
         module(image_folder, tmp_path, predict_path=str(missing)).setup("predict")
+
+
+POLICIES = {  # each augmentation alone, crop and mirror off, so that any change is its own
+    "trivialaugment": {"policy": "trivialaugment"},
+    "randaugment": {"policy": "randaugment"},
+    "random_erasing": {"random_erasing": 1.0},
+    "mixup": {"mixup_alpha": 0.4},
+    "cutmix": {"cutmix_alpha": 1.0},
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_trains_alike_on_either_path(image_folder, tmp_path, policy):
+    outputs = {}
+    for cache in (True, False):
+        data = module(image_folder, tmp_path, cache=cache, crop_padding=0, hflip=False, **POLICIES[policy])
+        data.setup("fit")
+        batch = next(iter(data.train_dataloader()))
+        data.trainer = FakeTrainer(training=False)
+        plain = data.on_after_batch_transfer(batch, 0)
+        data.trainer = FakeTrainer(training=True)
+        torch.manual_seed(0)
+        outputs[cache] = data.on_after_batch_transfer(batch, 0)
+        assert not torch.equal(outputs[cache][0], plain[0])  # the policy took effect
+        assert torch.equal(plain[1], batch[1])  # evaluation: labels untouched
+    (cached, cached_labels), (streamed, streamed_labels) = outputs[True], outputs[False]
+    assert torch.equal(cached, streamed) and torch.equal(cached_labels, streamed_labels)
+    assert cached.dtype == torch.float32 and cached.shape == (8, 3, 16, 16)
+    if policy in ("mixup", "cutmix"):  # class probabilities (B, K)
+        assert cached_labels.shape == (8, 3) and torch.allclose(cached_labels.sum(dim=1), torch.ones(8))
+    else:
+        assert torch.equal(cached_labels, batch[1])
+
+
+def test_an_unknown_policy_or_a_bad_probability_is_refused(image_folder, tmp_path):
+    with pytest.raises(ValueError, match="policy='autoaugment' is not one of"):
+        module(image_folder, tmp_path, policy="autoaugment")
+    with pytest.raises(ValueError, match="random_erasing=1.5 must be a probability"):
+        module(image_folder, tmp_path, random_erasing=1.5)
