@@ -57,15 +57,20 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 @pytest.mark.slow
-def test_k_epochs_then_resume_equals_a_straight_run(run_cli, tmp_path):
-    straight = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC)
+@pytest.mark.parametrize(
+    "augmentation",
+    [[], ["--data.policy", "trivialaugment", "--data.random_erasing", "0.5", "--data.mixup_alpha", "0.2"]],
+    ids=["recipe", "strong augmentation"],
+)
+def test_k_epochs_then_resume_equals_a_straight_run(run_cli, tmp_path, augmentation):
+    straight = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, *augmentation)
     straight_dir = Path(straight.trainer.log_dir)
 
     stop = tmp_path / "stop.yaml"
     stop.write_text(
         "trainer:\n  callbacks:\n    - class_path: test_resume.StopAfterEpochs\n      init_args: {epochs: 2}\n"
     )
-    first = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, "--config", str(stop))
+    first = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, *augmentation, "--config", str(stop))
     resumed_dir = Path(first.trainer.log_dir)
     assert load_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")["epoch"] == 1  # stopped after 2 of 4
     resumed = run_cli("fit", "--trainer.max_epochs", "4", *DETERMINISTIC, "--ckpt_path", "last")
