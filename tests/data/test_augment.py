@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from template.data.augment import augment, mix, normalize, random_crop, random_erasing, random_hflip
+from template.data.augment import (  # one name a line: a renamed project's longer package name fits
+    augment,
+    mix,
+    normalize,
+    random_crop,
+    random_erasing,
+    random_hflip,
+)
 
 
 def images() -> torch.Tensor:
