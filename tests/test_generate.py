@@ -159,18 +159,24 @@ def test_a_generated_project_passes_pre_commit_offline(project, tmp_path):
     assert re.search(r"ruff check\.+Passed", result.stdout) and re.search(r"ruff format\.+Passed", result.stdout)
 
 
-# Each generated project runs its fast tests (everything but those marked slow: the slow
-# ones train the same renamed code again for minutes and run in this suite already).
+# One generated project runs all its fast tests (everything but those marked slow: the slow ones
+# train the same renamed code again for minutes and run in this suite already); the other two, the
+# tests where the names the renamer writes are read (class paths in YAML and checkpoints, imports,
+# the README's commands): a name with a hyphen, and one that starts with "template".
+EVERYTHING = ["tests", "notebooks"]
+NAMES_READ = ["tests/test_cli.py", "tests/test_readme.py"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "names, package, markers",
+    "names, package, markers, paths",
     [
-        ({"project_name": "leaf-disease detector"}, "leaf_disease_detector", "not slow"),
-        ({"project_name": "Templates Lab", "package_name": "templates_lab"}, "templates_lab", "not slow"),
-        ({"project_name": "Bird Watch"}, "bird_watch", "not slow"),
+        ({"project_name": "leaf-disease detector"}, "leaf_disease_detector", "not slow", NAMES_READ),
+        ({"project_name": "Templates Lab", "package_name": "templates_lab"}, "templates_lab", "not slow", NAMES_READ),
+        ({"project_name": "Bird Watch"}, "bird_watch", "not slow", EVERYTHING),
     ],
 )
-def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names, package, markers):
+def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names, package, markers, paths):
     project = render(tmp_path, **names)
     assert (project / package / "cli.py").is_file() and not (project / "template").exists()
     assert not (project / "hooks").exists() and not (project / "cookiecutter.json").exists()
@@ -187,7 +193,7 @@ def test_generated_project_installs_passes_its_tests_and_trains(tmp_path, names,
     run(pip, tmp_path)  # --no-deps: torch and the rest are the current environment's, not reinstalled
     try:
         selection = ["-m", markers] if markers else []
-        pytest_args = ["-q", "-p", "no:cacheprovider", *selection, "--nbmake", "tests", "notebooks"]
+        pytest_args = ["-q", "-p", "no:cacheprovider", *selection, "--nbmake", *paths]
         tests = run([sys.executable, "-m", "pytest", *pytest_args], project)
         assert " passed" in tests.stdout and "failed" not in tests.stdout
         fit = run([sys.executable, "-m", package, "fit", "--trainer.fast_dev_run", "true"], project)
