@@ -158,50 +158,39 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
         """Check the layout before anything is decoded; every problem is named. Without root/train,
-        only given classes allow going on: what needs a split then says it is missing."""
+        only given classes (a trained model's) allow going on: what needs train/ then says it is missing."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
             raise ValueError(f"data classes must be at least two different names, not {classes}")
-        if classes is not None and not (self.root / "train").is_dir():  # a trained model's evaluation
-            folders = {split: list_class_folders(self.root / split) for split in ("val", "test")
-                       if (self.root / split).is_dir()}  # fmt: skip
-            unknown = sorted({name for found in folders.values() for name in found} - set(classes))
-            if unknown:
-                raise ValueError(
-                    f"class folder(s) {', '.join(unknown)} in {self.root} are not among the classes {classes}"
-                )
-            return folders
-        folders = self._scan_folders()
-        if classes is not None and set(classes) != set(folders["train"]):
-            raise ValueError(
-                f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
-                f"class folders of {self.root / 'train'}: {sorted(folders['train'])}"
-            )
-        return folders
-
-    def _scan_folders(self) -> dict[str, dict[str, list[Path]]]:
         train = self.root / "train"
-        if not train.is_dir():
+        if not train.is_dir() and classes is None:
             raise FileNotFoundError(
                 f"no train/ folder in {self.root.resolve()}: expected {self.root}/train/<class>/<image files>"
             )
         folders = {split: list_class_folders(self.root / split) for split in ("train", "val", "test")
                    if (self.root / split).is_dir()}  # fmt: skip
-        if not folders["train"]:
-            raise ValueError(f"{train} has no class folders: expected {train}/<class>/<image files>")
-        empty = [str(self.root / split / name) for split, classes in folders.items()
-                 for name, files in classes.items() if not files]  # fmt: skip
+        if "train" in folders:
+            if not folders["train"]:
+                raise ValueError(f"{train} has no class folders: expected {train}/<class>/<image files>")
+            if len(folders["train"]) == 1:  # else it fails later, deep in the metrics
+                raise ValueError(
+                    f"{train} has only one class folder ({next(iter(folders['train']))}): a classifier needs at "
+                    f"least two classes; add a folder of images for each other class to {train}"
+                )
+            if classes is not None and set(classes) != set(folders["train"]):
+                raise ValueError(
+                    f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
+                    f"class folders of {train}: {sorted(folders['train'])}"
+                )
+        empty = [str(self.root / split / name) for split, found in folders.items()
+                 for name, files in found.items() if not files]  # fmt: skip
         if empty:
             raise ValueError(describe(empty, "empty class folder(s); remove them or add images"))
-        if len(folders["train"]) == 1:  # else it fails later, deep in the metrics
-            raise ValueError(
-                f"{train} has only one class folder ({next(iter(folders['train']))}): a classifier needs at least "
-                f"two classes; add a folder of images for each other class to {train}"
-            )
+        known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")
         for split in ("val", "test"):
-            unknown = sorted(set(folders.get(split, {})) - set(folders["train"]))
+            unknown = sorted(set(folders.get(split, {})) - known)
             if unknown:
                 raise ValueError(
-                    f"{split}/ has class folder(s) that train/ lacks: {', '.join(unknown)}. The model can only "
+                    f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}. The model can only "
                     f"learn classes it trains on; add them to {train} or remove them from {self.root / split}"
                 )
         return folders
