@@ -73,6 +73,14 @@ class _NoAdverts(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
 
 
+# Set to 1 for the full traceback of an error, and jsonargparse's full text of a parse error.
+TRACEBACK_VARIABLE = "TRACEBACK"
+
+
+def wants_traceback() -> bool:
+    return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
 # Callbacks every run has, each configured by a section of its own: --checkpoint.monitor...
 CALLBACKS = {
     "checkpoint": ModelCheckpoint,  # the best by validation
@@ -90,7 +98,7 @@ class ArgumentParser_(LightningArgumentParser):
     TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
 
     def error(self, message: str, ex: Exception | None = None):
-        if os.environ.get("TRACEBACK", "") in ("", "0"):
+        if not wants_traceback():
             message = condense(message)
         super().error(message, ex)
 

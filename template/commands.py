@@ -2,16 +2,18 @@
 and what a user sees when something goes wrong."""
 
 import importlib
-import os
 import sys
 
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from template.cli import EXTRA_COMMANDS, PROGRAM, cli
-
-# Set to 1 for the full traceback of an error, instead of its message alone.
-TRACEBACK_VARIABLE = "TRACEBACK"
+from template.cli import (  # one name a line: a renamed project's longer package name fits
+    EXTRA_COMMANDS,
+    PROGRAM,
+    TRACEBACK_VARIABLE,
+    cli,
+    wants_traceback,
+)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -27,7 +29,7 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:  # ResumeState has saved a checkpoint and said where
         raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended
     except Exception as error:
-        if os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0"):
+        if wants_traceback():
             raise
         print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
         print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)

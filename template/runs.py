@@ -7,8 +7,8 @@ directory, what the checkpoint records (the model's and the DataModule's argumen
 --config file and option given overrides it.
 """
 
-import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +81,7 @@ def trained_config(
 
 def arguments_of(class_path: Any) -> set[str]:
     """The argument names of the class a checked config names (so importing it is allowed)."""
-    module, _, name = str(class_path).rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None) if module else None
+    cls = pkgutil.resolve_name(class_path) if isinstance(class_path, str) else None
     return set(inspect.signature(cls.__init__).parameters) if isinstance(cls, type) else set()
 
 

@@ -1,8 +1,8 @@
 """The learning-rate schedule of the recipe: linear warmup, then cosine decay (with warm restarts)."""
 
-import importlib
 import inspect
 import math
+import pkgutil
 from collections.abc import Callable
 from typing import Any
 
@@ -90,8 +90,7 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
     None for a ``functools.partial`` given from Python) sets it; any other (StepLR, MultiStepLR,
     ReduceLROnPlateau...) is built from its own arguments alone."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
-        module, _, name = config["class_path"].rpartition(".")
-        cls, given = getattr(importlib.import_module(module), name, None), (config.get("init_args") or {})
+        cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
         cls, given = getattr(make, "func", make), getattr(make, "keywords", {})
     try:

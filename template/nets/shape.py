@@ -8,8 +8,8 @@ or output does not fit the data (torchvision's fixed three channels on grey imag
 error before training that names both.
 """
 
-import importlib
 import inspect
+import pkgutil
 from typing import Any
 
 import torch
@@ -28,8 +28,7 @@ def takes(target: Any, name: str) -> bool:
 
 def network_arguments(class_path: str, init_args: dict, num_classes: int, in_channels: int) -> dict:
     """``init_args`` with the data's class count and channels added where the network takes them."""
-    module, _, name = class_path.rpartition(".")
-    target = getattr(importlib.import_module(module), name)
+    target = pkgutil.resolve_name(class_path)
     # The data's values win over any in the config (where the parser has put the network's defaults).
     data = {"num_classes": num_classes, "in_channels": in_channels}
     return {**init_args, **{key: value for key, value in data.items() if takes(target, key)}}
