@@ -58,6 +58,8 @@ EXTRA_COMMANDS = {
     "doctor": f"{PROGRAM}.tools.doctor",
     "lr-find": f"{PROGRAM}.tools.lr_find",
     "export": f"{PROGRAM}.tools.export",
+    "sweep": f"{PROGRAM}.tools.sweep",
+    "cv": f"{PROGRAM}.tools.cv",
 }
 
 # The recipe's defaults, written once: loaded before any --config file or option.
@@ -124,6 +126,10 @@ def condense(message: str) -> str:
 
 class ClassificationCLI(LightningCLI):
     """LightningCLI with this project's defaults, argument links and run summary."""
+
+    # (name, version) of the run directory under the TensorBoard logger's save_dir, when a
+    # command running many fits places them (template sweep, template cv); else the logger's own.
+    run_name: tuple[str, str] | None = None
 
     @property
     def sections(self) -> dict[str, type]:
@@ -222,6 +228,8 @@ class ClassificationCLI(LightningCLI):
             # Absolute, so the checkpoint directory a resumed run sees is the one its
             # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
             logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
+            if self.run_name is not None:
+                logger.init_args.name, logger.init_args.version = self.run_name
             if self.subcommand == "fit" and config.get("ckpt_path"):
                 continue_run_directory(config.ckpt_path, logger)
 
@@ -345,11 +353,19 @@ def list_of(value) -> list | int:
     return list(value) if isinstance(value, list | tuple) else value
 
 
-def cli(args: list[str] | None = None, run: bool = True, command: str | None = None) -> ClassificationCLI:
+def cli(
+    args: list[str] | None = None,
+    run: bool = True,
+    command: str | None = None,
+    callbacks: tuple = (),
+    run_name: tuple[str, str] | None = None,
+) -> ClassificationCLI:
     """Build (and by default run) the CLI; ``args`` as on the command line, without the program name.
 
     ``run=False`` parses the options of ``fit`` without a subcommand and only builds the
     model, DataModule and Trainer, for commands such as ``doctor``, named by ``command``.
+    ``callbacks``: objects added to the run's (an Optuna trial's pruner, say), not recorded in
+    its config.yaml; ``run_name``: see ``ClassificationCLI.run_name``.
     """
     argv = with_default_config(list(sys.argv[1:] if args is None else args), run)
     commands = ",".join(EXTRA_COMMANDS)
@@ -357,7 +373,12 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
     with warnings.catch_warnings():
         # main() hands over sys.argv less the extra command's name: intended, not a mistake.
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        return ClassificationCLI(
+        cli_class = (
+            ClassificationCLI
+            if run_name is None
+            else type("ClassificationCLI", (ClassificationCLI,), {"run_name": run_name})
+        )
+        return cli_class(
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
@@ -365,7 +386,7 @@ def cli(args: list[str] | None = None, run: bool = True, command: str | None = N
             subclass_mode_model=True,
             # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
             # the checkpoint on pre-emption. Fresh for every run.
-            trainer_defaults={"callbacks": [ResumeState()]},
+            trainer_defaults={"callbacks": [ResumeState(), *callbacks]},
             auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
             parser_kwargs={"prog": f"{PROGRAM} {command}" if command else PROGRAM, "description": description},
             # config.yaml and env.json in every run directory. A resumed run writes its

@@ -14,7 +14,7 @@ from numbers import Integral
 import lightning as L
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset
 
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
@@ -30,6 +30,7 @@ from template.data.loaders import (  # one name a line: a renamed project's long
     ResumableSampler,
     Split,
     TensorImageDataset,
+    join,
     keep_batch,
 )
 from template.data.preprocessing import check_preprocessing
@@ -108,6 +109,10 @@ class ImageDataModule(L.LightningDataModule, ABC):
         mixup_alpha: MixUp's Beta(alpha, alpha) mixing weight; 0: off. Labels become
             probabilities (B, K) in training.
         cutmix_alpha: CutMix's, likewise; with both on, each batch takes one of the two.
+        folds: k-fold cross-validation (``template cv``): the training and validation images are
+            pooled and cut into this many stratified folds, seeded by ``split_seed``; ``None`` (the
+            default) keeps the source's own validation split. The test split is never pooled.
+        fold: which of the folds validates (0 to folds - 1); the others train.
     """
 
     num_classes: int
@@ -126,6 +131,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (global_batch_size is not None and global_batch_size < 1):
@@ -137,6 +144,10 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"random_erasing={random_erasing} must be a probability in [0, 1], and mixup_alpha={mixup_alpha} "
                 f"and cutmix_alpha={cutmix_alpha} at least 0 (0: off; 0.2 to 1 are usual)"
             )
+        if folds is not None and not (folds >= 2 and 0 <= fold < folds):
+            raise ValueError(f"data folds={folds}, fold={fold}: folds must be at least 2 and fold from 0 to folds - 1")
+        self.folds, self.fold = folds, fold
+        self.fold_indices: dict[str, np.ndarray] = {}  # with folds: positions in train + val pooled
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
@@ -197,6 +208,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         # Only what the stage needs: the test split is loaded by `test` alone, so no
         # decision made during fit can have looked at it.
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["predict"]}[stage]
+        if self.folds is not None and stage in ("fit", "validate") and not self.fold_indices:
+            self._cut_folds()
         for split in needed:
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
@@ -204,6 +217,19 @@ class ImageDataModule(L.LightningDataModule, ABC):
             self._compute_normalization()
         # Evaluating, the statistics come from the checkpoint (load_state_dict, after setup); without
         # one they are computed from the training split at the first batch.
+
+    def _cut_folds(self) -> None:
+        """Train and val of this fold: one stratified, seeded k-fold cut of the two splits pooled."""
+        pooled = join(self.make_dataset("train"), self.make_dataset("val"))
+        labels = pooled.labels.numpy()
+        seed = getattr(self, "split_seed", 0)  # the sources' seed of their splits, when they have one
+        try:
+            cuts = StratifiedKFold(self.folds, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
+            train, val = list(cuts)[self.fold]
+        except ValueError as error:  # more folds than a class has images
+            raise ValueError(f"data folds={self.folds} cannot cut {len(labels)} images: {error}") from None
+        self.fold_indices = {"train": train, "val": val}
+        self.datasets["train"], self.datasets["val"] = pooled.subset(train), pooled.subset(val)
 
     def _compute_normalization(self) -> None:
         if "train" not in self.datasets:

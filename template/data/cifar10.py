@@ -60,6 +60,7 @@ class CIFAR10DataModule(ImageDataModule):
         hflip: mirror training images at random.
         policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
             default (see ImageDataModule).
+        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
     """
 
     def __init__(
@@ -77,6 +78,8 @@ class CIFAR10DataModule(ImageDataModule):
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         super().__init__(
             batch_size,
@@ -88,6 +91,8 @@ class CIFAR10DataModule(ImageDataModule):
             random_erasing=random_erasing,
             mixup_alpha=mixup_alpha,
             cutmix_alpha=cutmix_alpha,
+            folds=folds,
+            fold=fold,
         )
         self.save_hyperparameters()
         self.root = Path(root)

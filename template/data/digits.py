@@ -26,6 +26,7 @@ class DigitsDataModule(ImageDataModule):
         hflip: off, since a mirrored digit is a different (or no) digit.
         policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
             default (see ImageDataModule).
+        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
     """
 
     def __init__(
@@ -42,6 +43,8 @@ class DigitsDataModule(ImageDataModule):
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         super().__init__(
             batch_size,
@@ -53,6 +56,8 @@ class DigitsDataModule(ImageDataModule):
             random_erasing=random_erasing,
             mixup_alpha=mixup_alpha,
             cutmix_alpha=cutmix_alpha,
+            folds=folds,
+            fold=fold,
         )
         self.save_hyperparameters()
         self.val_fraction = val_fraction

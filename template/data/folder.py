@@ -84,6 +84,7 @@ class ImageFolderDataModule(ImageDataModule):
         hflip: mirror training images at random.
         policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
             default (see ImageDataModule).
+        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
     """
 
     resize = "cover_center_crop"  # template.data.cache.decode
@@ -113,6 +114,8 @@ class ImageFolderDataModule(ImageDataModule):
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        folds: int | None = None,
+        fold: int = 0,
     ) -> None:
         super().__init__(
             batch_size,
@@ -124,6 +127,8 @@ class ImageFolderDataModule(ImageDataModule):
             random_erasing=random_erasing,
             mixup_alpha=mixup_alpha,
             cutmix_alpha=cutmix_alpha,
+            folds=folds,
+            fold=fold,
         )
         self.save_hyperparameters()
         if not 0 <= test_fraction < 1:
@@ -299,6 +304,6 @@ class ImageFolderDataModule(ImageDataModule):
         if self.cache:
             return super().normalization()
         # Streaming: from an even sample of up to 2,000 training images, at the training size.
-        files = self.split_files["train"]
+        files = self.datasets["train"].files  # this fold's, under k-fold cross-validation
         sample = files[:: max(1, len(files) // 2000)]
         return channel_stats(torch.from_numpy(np.stack([decode(p, self.image_size, self.mode) for p in sample])))

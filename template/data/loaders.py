@@ -8,6 +8,7 @@ decodes it from the files in DataLoader workers. Augmentation comes later, on th
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -35,6 +36,10 @@ class TensorImageDataset(Dataset):
         index = torch.as_tensor(indices)
         return self.images[index], self.labels[index]
 
+    def subset(self, index: np.ndarray) -> "TensorImageDataset":
+        index = torch.as_tensor(index)
+        return TensorImageDataset(self.images[index], self.labels[index])
+
 
 class FileDataset(Dataset):
     """Image files decoded per item in DataLoader workers: the streaming path.
@@ -58,6 +63,22 @@ class FileDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> Split:
         images = torch.stack([self[index][0] for index in indices])  # (B, C, H, W) uint8
         return images, self.labels[torch.as_tensor(indices)]
+
+    def subset(self, index: np.ndarray) -> "FileDataset":
+        return FileDataset([self.files[i] for i in index], self.labels[torch.as_tensor(index)], self.size, self.mode)
+
+
+def join(first: Dataset, second: Dataset) -> TensorImageDataset | FileDataset:
+    """The images of two datasets of the same kind as one (k-fold cross-validation pools train and val)."""
+    if type(first) is not type(second) or not isinstance(first, TensorImageDataset | FileDataset):
+        raise TypeError(
+            f"k-fold cross-validation pools TensorImageDataset or FileDataset splits, not {type(first).__name__} "
+            f"and {type(second).__name__}: return one of those from make_dataset, or leave data.folds unset"
+        )
+    labels = torch.cat([first.labels, second.labels])
+    if isinstance(first, TensorImageDataset):
+        return TensorImageDataset(torch.cat([first.images, second.images]), labels)
+    return FileDataset(first.files + second.files, labels, first.size, first.mode)
 
 
 def keep_batch(batch: Split) -> Split:

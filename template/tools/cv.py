@@ -1,0 +1,64 @@
+"""``template cv --folds K [fit options]``: k-fold cross-validation, one ``template fit`` run a fold.
+
+The training and validation images are pooled and cut into K stratified, seeded folds
+(``data.folds`` and ``data.fold`` of any ImageDataModule); fold i validates a run trained on the
+others, in runs/<name>/cv_N/fold_i. The test split stays out of every fold. At the end: the
+monitored metric's mean and standard deviation over the folds, printed and, with each fold's
+value, written to runs/<name>/cv_N/cv.csv.
+"""
+
+import argparse
+import csv
+import io
+import statistics
+from pathlib import Path
+
+from rich.console import Console
+
+from template.cli import PROGRAM
+from template.tools.fits import fit, monitored, resolved_config, runs_place, write_atomically
+
+
+def next_cv_dir(run_root: Path) -> Path:
+    """runs/<name>/cv_N for the first N not taken: a rerun never mixes its folds with an earlier one's."""
+    number = 0
+    while (run_root / f"cv_{number}").exists():
+        number += 1
+    return run_root / f"cv_{number}"
+
+
+def main(args: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROGRAM} cv",
+        usage=f"{PROGRAM} cv --folds K [fit options]",
+        description="k-fold cross-validation; every other option is a fit option (--config ...).",
+    )
+    parser.add_argument("--folds", type=int, required=True, help="number of folds, at least 2")
+    options, fit_args = parser.parse_known_args(args)
+    if options.folds < 2:
+        parser.error(f"--folds {options.folds}: at least 2")
+    config = resolved_config([*fit_args, f"--data.init_args.folds={options.folds}"], command="cv")
+    runs_dir, name = runs_place(config)
+    monitor, _ = monitored(config)
+    cv_dir = next_cv_dir(runs_dir / name)
+    folds = []
+    for fold in range(options.folds):
+        fold_args = [*fit_args, f"--data.init_args.folds={options.folds}", f"--data.init_args.fold={fold}"]
+        result = fit(fold_args, (f"{name}/{cv_dir.name}", f"fold_{fold}"))
+        if result.score is None:
+            raise ValueError(f"fold {fold} recorded no {monitor}: does validation run (limit_val_batches)?")
+        folds.append(result)
+    scores = [result.score for result in folds]
+    mean, std = statistics.mean(scores), statistics.stdev(scores)  # the sample standard deviation
+    text = io.StringIO()
+    rows = [["fold", monitor, "run_dir", "best_checkpoint"]]
+    rows += [[fold, f"{r.score:.6f}", r.run_dir, r.best_checkpoint] for fold, r in enumerate(folds)]
+    rows += [["mean", f"{mean:.6f}", "", ""], ["std", f"{std:.6f}", "", ""]]
+    csv.writer(text).writerows(rows)
+    write_atomically(cv_dir / "cv.csv", text.getvalue())
+    console = Console(soft_wrap=True)
+    console.rule(f"{options.folds}-fold cross-validation")
+    for fold, score in enumerate(scores):
+        console.print(f"fold {fold}           {monitor} {score:.4f}", highlight=False)
+    console.print(f"mean +- std      {monitor} {mean:.4f} +- {std:.4f} (over {options.folds} folds)", highlight=False)
+    console.print(f"per fold         {cv_dir / 'cv.csv'}", highlight=False)

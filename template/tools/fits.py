@@ -1,0 +1,75 @@
+"""Many fits from one command (``template sweep``, ``template cv``): each an ordinary ``template fit``
+run, in a run directory of its own, with its config.yaml, env.json and checkpoints."""
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from template.callbacks.run_record import run_directory
+from template.cli import cli
+from template.runs import DEFAULT_RUNS_DIR
+
+
+@dataclass
+class Fit:
+    score: float | None  # the monitored validation metric of the best checkpoint
+    monitor: str
+    run_dir: str
+    best_checkpoint: str
+
+
+def resolved_config(fit_args: list[str], command: str) -> dict:
+    """The configuration ``template fit`` would run with these options, parsed and checked but
+    nothing built (LightningCLI's ``--print_config``)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        try:
+            cli(["fit", *fit_args, "--print_config"], command=command)
+        except SystemExit as exit:
+            if exit.code not in (0, None):  # a parse error, already said on stderr
+                raise
+    return yaml.safe_load(printed.getvalue())
+
+
+def runs_place(config: dict) -> tuple[Path, str]:
+    """The runs folder and run name of the TensorBoard logger a configuration writes with."""
+    logger = (config.get("trainer") or {}).get("logger")
+    loggers = logger if isinstance(logger, list) else [logger]
+    for each in loggers:
+        if isinstance(each, dict) and str(each.get("class_path", "")).endswith("TensorBoardLogger"):
+            init_args = each.get("init_args") or {}
+            return Path(init_args.get("save_dir") or DEFAULT_RUNS_DIR).resolve(), init_args.get("name") or "default"
+    raise ValueError(
+        "sweep and cv place each run under the TensorBoard logger's save_dir; this configuration has none "
+        "(trainer.logger): keep lightning.pytorch.loggers.TensorBoardLogger among the loggers"
+    )
+
+
+def monitored(config: dict) -> tuple[str, str]:
+    """The metric and mode (min / max) the best checkpoint is chosen by: what the fits are compared by."""
+    checkpoint = config.get("checkpoint") or {}
+    if not checkpoint.get("monitor"):
+        raise ValueError("checkpoint.monitor is not set: sweep and cv compare runs by the metric it names (val/acc)")
+    return checkpoint["monitor"], checkpoint.get("mode") or "min"
+
+
+def fit(fit_args: list[str], run_name: tuple[str, str], callbacks: tuple = ()) -> Fit:
+    """Run ``template fit`` with ``fit_args`` in runs/<run_name[0]>/<run_name[1]>."""
+    built = cli(["fit", *fit_args], run_name=run_name, callbacks=callbacks)
+    trainer = built.trainer
+    best = next(c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor)
+    score = None if best.best_model_score is None else float(best.best_model_score)
+    return Fit(score, best.monitor, str(run_directory(trainer)), best.best_model_path)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Several workers may write the same report at the end: each writes it whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text)
+    partial.replace(path)

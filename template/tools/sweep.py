@@ -1,0 +1,245 @@
+"""``template sweep --space FILE --n_trials N [fit options]``: a hyper-parameter search on Optuna.
+
+Each trial is an ordinary ``template fit`` run (runs/<study_name>/trial_NNN) with the options of
+the search space added to the fit options given; its objective is the monitored validation
+metric of its best checkpoint (checkpoint.monitor), and Optuna's Lightning callback prunes a
+trial that falls behind. The study lives in a database: an SQLite file in the runs folder by
+default, or any URL Optuna takes (``--storage postgresql://...``), so that the same command
+started on many machines works on one study. A worker that dies loses only its trial: Optuna's
+heartbeat marks it failed, and starting the command again goes on until ``--n_trials`` trials
+have finished (completed or pruned), counted over all workers. At the end: the table of trials
+(trials.csv) and the best trial's configuration (best.yaml, for ``template fit --config``).
+
+The search space, a YAML file whose keys are the options of ``template fit``::
+
+    model.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}
+    data.init_args.batch_size: {type: int, low: 32, high: 128, step: 32}
+    model.optimizer: {type: categorical, choices: [torch.optim.AdamW, torch.optim.SGD]}
+"""
+
+import argparse
+import csv
+import io
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from template.callbacks.nonfinite import NonFiniteError
+from template.cli import PROGRAM
+
+try:
+    import optuna
+    from optuna.trial import TrialState
+    from optuna_integration import PyTorchLightningPruningCallback
+except ModuleNotFoundError as missing:  # an optional extra
+    raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
+from template.tools.fits import fit, monitored, resolved_config, runs_place, write_atomically
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest_* names them
+    "float": ({"low", "high"}, {"log", "step"}),
+    "int": ({"low", "high"}, {"log", "step"}),
+    "categorical": ({"choices"}, set()),
+}
+POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
+
+
+class Surplus(Exception):
+    """A trial started as another worker's made the count: it is not run."""
+
+
+def read_space(path: str) -> dict[str, dict]:
+    """The search space of ``path``, checked entry by entry before any trial starts."""
+    try:
+        space = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ValueError(f"--space {path}: cannot be read: {error}") from None
+    if not isinstance(space, dict) or not space:
+        raise ValueError(
+            f"--space {path}: expected a mapping of fit options to ranges, e.g. {__doc__.splitlines()[-3]}"
+        )
+    checked = {}
+    for key, spec in space.items():
+        where = f"--space {path}: {key}"
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if kind not in SUGGEST:
+            raise ValueError(f"{where}: expected a mapping with type: {' | '.join(SUGGEST)}, not {spec!r}")
+        required, optional = SUGGEST[kind]
+        given = set(spec) - {"type"}
+        if not required <= given or given - required - optional:
+            raise ValueError(f"{where}: type {kind} takes {sorted(required)} and optionally {sorted(optional)}, "
+                             f"not {sorted(given)}")  # fmt: skip
+        if kind == "categorical":
+            choices = spec["choices"]
+            if not isinstance(choices, list) or not choices or any(isinstance(c, dict | list) for c in choices):
+                raise ValueError(f"{where}: choices must be a list of values (class paths, numbers, strings)")
+        elif not (isinstance(spec["low"], int | float) and isinstance(spec["high"], int | float)
+                  and spec["low"] < spec["high"]):  # fmt: skip
+            raise ValueError(f"{where}: low must be a number below high, not {spec['low']!r} and {spec['high']!r}")
+        checked[str(key).removeprefix("--")] = spec
+    return checked
+
+
+def as_option(value) -> str:
+    """A value as the command line gives it (jsonargparse reads it as YAML)."""
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def suggest(trial: optuna.Trial, space: dict[str, dict]) -> list[str]:
+    """This trial's values as fit options; a class chosen first, so its own options apply to it."""
+    options = []
+    for key in sorted(space, key=lambda key: key.count(".")):
+        spec = dict(space[key])
+        kind = spec.pop("type")
+        value = getattr(trial, f"suggest_{kind}")(key, **spec)
+        options.append(f"--{key}={as_option(value)}")
+    return options
+
+
+def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
+    if storage_url.startswith("sqlite:///"):
+        Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # SQLite lets one writer in at a time; the others wait for it rather than fail at once.
+    engine_kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
+    storage = optuna.storages.RDBStorage(
+        storage_url,
+        engine_kwargs=engine_kwargs,
+        heartbeat_interval=options.heartbeat_interval,
+        grace_period=options.grace_period,
+    )
+    pruner = optuna.pruners.MedianPruner(
+        n_startup_trials=options.n_startup_trials, n_warmup_steps=options.n_warmup_steps
+    )
+    study = optuna.create_study(
+        storage=storage, study_name=options.study_name, direction=direction, pruner=pruner, load_if_exists=True
+    )
+    if study.direction.name.lower() != direction:
+        raise ValueError(
+            f"study {options.study_name} in {storage_url} is to {study.direction.name.lower()}, but "
+            f"checkpoint.mode asks to {direction}: use another --study_name"
+        )
+    return study
+
+
+def tally(study: optuna.Study) -> tuple[int, int, int]:
+    """Trials finished (completed or pruned), running, and waiting to be taken (enqueued)."""
+    states = [trial.state for trial in study.get_trials(deepcopy=False)]
+    return sum(s in FINISHED for s in states), states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
+
+
+def run_study(
+    study: optuna.Study, options: argparse.Namespace, fit_args: list[str], space: dict, monitor: str, runs_dir: Path
+) -> None:
+    """Start trials until ``n_trials`` have finished over all workers; wait while the others' last ones run."""
+
+    def objective(trial: optuna.Trial) -> float:
+        before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+        if sum(t.state in (*FINISHED, TrialState.RUNNING) for t in before) >= options.n_trials:
+            raise Surplus(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
+        run_name = (options.study_name, f"trial_{trial.number:03d}")
+        trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))
+        trial_options = suggest(trial, space)
+        pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
+        try:
+            result = fit(fit_args + trial_options, run_name, callbacks=(pruner,))
+        except NonFiniteError as error:  # diverged: as hopeless as a trial gets
+            trial.set_user_attr("diverged", str(error).splitlines()[0])
+            raise optuna.TrialPruned(f"trial {trial.number} diverged: {str(error).splitlines()[0]}") from None
+        # Workers on other machines write their runs elsewhere: the study keeps what best.yaml needs.
+        trial.set_user_attr("config", (Path(result.run_dir) / "config.yaml").read_text())
+        if result.score is None or math.isnan(result.score):
+            raise ValueError(f"trial {trial.number} recorded no {monitor}: does validation run (limit_val_batches)?")
+        return result.score
+
+    while True:
+        optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, so that it is counted out
+        finished, running, waiting = tally(study)
+        if finished >= options.n_trials:
+            return
+        if finished + running >= options.n_trials and not waiting:
+            time.sleep(POLL_SECONDS)  # the last trials are the other workers'; take over one that dies
+            continue
+        study.optimize(objective, n_trials=1, catch=(Surplus,))
+
+
+def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
+    """The trials as a table (printed, and trials.csv) and the best one's configuration (best.yaml)."""
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number)
+    names = sorted({name for trial in trials for name in trial.params})
+    header = ["trial", "state", monitor, *names, "run_dir"]
+    rows = []
+    for trial in trials:
+        value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
+        rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}",
+                     *(trial.params.get(name, "") for name in names), trial.user_attrs.get("run_dir", "")])  # fmt: skip
+    text = io.StringIO()
+    csv.writer(text).writerows([header, *rows])
+    write_atomically(out_dir / "trials.csv", text.getvalue())
+    short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
+    table = Table("trial", "state", monitor, *(short if len(set(short)) == len(short) else names), "run",
+                  title=f"study {study.study_name} ({out_dir})")  # fmt: skip
+    for row in rows:
+        table.add_row(*map(str, row[:-1]), Path(row[-1]).name)
+    console = Console(soft_wrap=True)
+    console.print(table)
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial completed
+        console.print("no trial completed: no best.yaml", highlight=False)
+        return
+    config = yaml.safe_load(best.user_attrs["config"])
+    logger = (config.get("trainer") or {}).get("logger")
+    for each in logger if isinstance(logger, list) else [logger]:
+        if isinstance(each, dict) and isinstance(each.get("init_args"), dict):
+            each["init_args"].pop("version", None)  # a refit is a run of its own
+    config.pop("ckpt_path", None)
+    head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
+    head += f"{best.user_attrs.get('run_dir')})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
+    write_atomically(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
+    console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}", highlight=False)
+    console.print(f"its config       {out_dir / 'best.yaml'}", highlight=False)
+    console.print(f"all trials       {out_dir / 'trials.csv'}", highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROGRAM} sweep",
+        usage=f"{PROGRAM} sweep --space FILE --n_trials N [options] [fit options]",
+        description="A hyper-parameter search on Optuna; every other option is a fit option (--config ...).",
+    )
+    parser.add_argument("--space", required=True, help="YAML: fit option -> {type: float|int|categorical, ...}")
+    parser.add_argument("--n_trials", type=int, required=True, help="trials to finish, over all workers")
+    parser.add_argument("--study_name", help="default: the --space file's name")
+    parser.add_argument("--storage", help="an Optuna database URL; default: sqlite:///<runs folder>/optuna.db")
+    parser.add_argument("--n_startup_trials", type=int, default=5, help="trials never pruned (MedianPruner)")
+    parser.add_argument("--n_warmup_steps", type=int, default=0, help="epochs of a trial never pruned")
+    parser.add_argument("--heartbeat_interval", type=int, default=30, help="seconds between a trial's heartbeats")
+    parser.add_argument("--grace_period", type=int, help="a trial silent this long is failed (default: 2 beats)")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    parser = build_parser()
+    options, fit_args = parser.parse_known_args(args)
+    if options.n_trials < 1:
+        parser.error(f"--n_trials {options.n_trials}: at least 1")
+    space = read_space(options.space)
+    options.study_name = options.study_name or Path(options.space).stem
+    config = resolved_config(fit_args, command="sweep")
+    runs_dir, _ = runs_place(config)
+    monitor, mode = monitored(config)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what each trial did
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # fail_stale_trials, heartbeats
+    storage_url = options.storage or f"sqlite:///{runs_dir / 'optuna.db'}"
+    study = open_study(options, storage_url, "maximize" if mode == "max" else "minimize")
+    print(f"study {options.study_name} in {storage_url} (optuna-dashboard {storage_url})", file=sys.stderr)
+    run_study(study, options, fit_args, space, monitor, runs_dir)
+    report(study, runs_dir / options.study_name, monitor)

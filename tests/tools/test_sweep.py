@@ -1,0 +1,120 @@
+"""template sweep: trials as ordinary runs on one Optuna study, shared by processes that may die."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from template.commands import main
+from template.tools.sweep import read_space
+
+SPACE = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 3.0e-3, log: true}\n"
+# Short trials: few steps, two epochs so that a trial can be pruned after its first.
+QUICK = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
+         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--trainer.callbacks", "[]"]  # fmt: skip
+
+
+def space_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lr.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def load(tmp_path: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}")
+
+
+def worker(tmp_path: Path, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "template", "sweep", "--space", "lr.yaml", *QUICK, *args]
+    return subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(process: subprocess.Popen, timeout: float = 300) -> str:
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+@pytest.mark.slow
+def test_two_workers_started_at_once_finish_exactly_the_trials_asked_between_them(tmp_path):
+    space_file(tmp_path)
+    workers = [worker(tmp_path, "--n_trials", "4", "--study_name", "shared") for _ in range(2)]
+    outputs = [finished(process) for process in workers]
+    trials = load(tmp_path, "shared").get_trials()
+    done = [trial for trial in trials if trial.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(done) == 4, [(t.number, t.state) for t in trials]
+    assert len({trial.number for trial in trials}) == len(trials)
+    run_dirs = [trial.user_attrs["run_dir"] for trial in done if trial.state == TrialState.COMPLETE]
+    assert len(set(run_dirs)) == len(run_dirs) and all((Path(d) / "config.yaml").is_file() for d in run_dirs)
+    # Both wrote the same report at the end.
+    assert all("best trial" in output for output in outputs)
+    rows = list(csv.DictReader((tmp_path / "runs" / "shared" / "trials.csv").open()))
+    assert sorted(int(row["trial"]) for row in rows) == sorted(trial.number for trial in trials)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_loses_only_that_trial_and_a_restart_completes_the_study(tmp_path):
+    space_file(tmp_path)
+    beats = ["--heartbeat_interval", "1", "--grace_period", "3", "--n_trials", "2", "--study_name", "killed"]
+    first = worker(tmp_path, *beats, "--trainer.max_epochs", "50", "--trainer.limit_train_batches", "1.0")
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "runs" / "killed").glob("trial_000/events.out.tfevents.*")):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
+        time.sleep(0.5)
+    time.sleep(2)  # mid-trial: training, with the heartbeat running
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert [trial.state for trial in load(tmp_path, "killed").get_trials()] == [TrialState.RUNNING]
+    finished(worker(tmp_path, *beats))
+    states = {trial.number: trial.state for trial in load(tmp_path, "killed").get_trials()}
+    assert states[0] == TrialState.FAIL  # the killed one, failed by its silent heartbeat
+    assert sum(state in (TrialState.COMPLETE, TrialState.PRUNED) for state in states.values()) == 2
+
+
+@pytest.mark.slow
+def test_hopeless_trials_are_pruned_and_the_best_yaml_refits_to_the_recorded_metric(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    sweep = ["sweep", "--space", "lr.yaml", "--study_name", "lr", "--n_startup_trials", "2", *QUICK]
+    sweep += ["--trainer.deterministic", "true"]
+    main([*sweep, "--n_trials", "2"])
+    study = load(tmp_path, "lr")
+    # Planted: a learning rate too large to learn anything, pruned by Optuna's Lightning callback
+    # after its first epoch.
+    study.enqueue_trial({"model.optimizer.init_args.lr": 10.0})
+    main([*sweep, "--n_trials", "3"])
+    trials = load(tmp_path, "lr").get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED]
+    assert list(trials[2].intermediate_values) == [0]  # reported its first epoch, then stopped
+    assert not list(Path(trials[2].user_attrs["run_dir"]).glob("checkpoints/best*"))
+    best = max(trials[:2], key=lambda trial: trial.value)
+    best_yaml = tmp_path / "runs" / "lr" / "best.yaml"
+    config = yaml.safe_load(best_yaml.read_text())
+    assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == best.params["model.optimizer.init_args.lr"]
+    assert config["trainer"]["deterministic"] is True
+    capsys.readouterr()
+    main(["fit", "--config", str(best_yaml)])
+    refit = [line for line in capsys.readouterr().out.splitlines() if line.startswith("best val/acc")]
+    assert refit == [f"best val/acc     {best.value:.4f}"]
+
+
+def test_a_search_space_that_is_not_one_says_which_entry_and_why(tmp_path):
+    path = tmp_path / "space.yaml"
+    for text, expected in [
+        ("lr: 0.1\n", "lr: expected a mapping with type"),
+        ("lr: {type: float, low: 0.1}\n", "takes ['high', 'low']"),
+        ("lr: {type: float, low: 1, high: 0.1}\n", "low must be a number below high"),
+        ("opt: {type: categorical, choices: []}\n", "choices must be a list"),
+        ("[1, 2]\n", "expected a mapping of fit options"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+            read_space(str(path))
