@@ -7,6 +7,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import safetensors
+import safetensors.torch
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import nn
@@ -181,7 +183,21 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dic
     return stripped
 
 
-def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True, prefix: str = "net.") -> None:
+def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
+    """``state_dict`` keyed as ``net``'s own (wrapper and ``net.`` prefixes dropped), and the keys it lacks,
+    the keys ``net`` lacks, and the keys of both whose shapes differ."""
+    state_dict = state_dict.get("state_dict", state_dict)
+    stripped = strip_prefixes(state_dict, "net.")
+    if not stripped:  # a plain network state_dict, without the module's prefix
+        stripped = strip_prefixes(state_dict)
+    expected = net.state_dict()
+    missing = sorted(set(expected) - set(stripped))
+    unexpected = sorted(set(stripped) - set(expected))
+    mismatched = sorted(k for k in set(stripped) & set(expected) if stripped[k].shape != expected[k].shape)
+    return stripped, missing, unexpected, mismatched
+
+
+def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True) -> None:
     """Load network weights from a Lightning checkpoint, a state_dict file or a state_dict.
 
     Keys are matched after dropping ``module.``/``_orig_mod.`` wrapper prefixes and the
@@ -189,20 +205,14 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True,
     error that lists them by name; without, they are printed and the rest is loaded.
     """
     state_dict = load_checkpoint(source) if isinstance(source, str | Path) else source
-    state_dict = state_dict.get("state_dict", state_dict)
-    stripped = strip_prefixes(state_dict, prefix)
-    if not stripped:  # a plain network state_dict, without the module's prefix
-        stripped = strip_prefixes(state_dict)
-    expected = net.state_dict()
-    missing = sorted(set(expected) - set(stripped))
-    unexpected = sorted(set(stripped) - set(expected))
-    mismatched = sorted(k for k in set(stripped) & set(expected) if stripped[k].shape != expected[k].shape)
+    stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     report = []
     if missing:
         report.append(f"missing from the checkpoint: {', '.join(missing)}")
     if unexpected:
         report.append(f"not in the network: {', '.join(unexpected)}")
     if mismatched:
+        expected = net.state_dict()
         shapes = (f"{k} {tuple(stripped[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched)
         report.append(f"different shapes (checkpoint vs network): {', '.join(shapes)}")
     if report and strict:
@@ -210,6 +220,49 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True,
     for line in report:
         print(f"not loaded, {line}")
     net.load_state_dict({k: v for k, v in stripped.items() if k not in mismatched}, strict=False)
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, read without running any code it could carry: safetensors, or a
+    ``torch.save`` file (a state_dict, or a Lightning checkpoint) after ``load_checkpoint``'s checks."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        try:
+            return safetensors.torch.load_file(path, device="cpu")
+        except (OSError, safetensors.SafetensorError) as error:
+            raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
+    checkpoint = load_checkpoint(path)
+    state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    if not state_dict or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
+        raise DamagedCheckpointError(
+            f"{path} holds no state_dict of named tensors: save one with torch.save(net.state_dict(), path), "
+            "or safetensors.torch.save_file"
+        )
+    return state_dict
+
+
+def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
+    """Start ``net`` from the weights in ``path`` (fine-tuning from a file), printing a report.
+
+    Every tensor that fits is loaded and the others are named. The classifier ``head`` (a module
+    name, such as ``fc``) keeps its fresh weights when the file's are another shape: another class
+    count. Another shape anywhere else, or no tensor in common, means the file holds another
+    network, which would silently train from scratch: an error naming the tensors.
+    """
+    state_dict = read_weights(path)
+    stripped, _, _, mismatched = match_keys(net, state_dict)
+    in_common = set(stripped) & set(net.state_dict())
+    foreign = [key for key in mismatched if not key.startswith(f"{head}.")]
+    if foreign or not in_common:
+        found = f"other shapes for {', '.join(foreign[:10])}" if foreign else "no tensor of this network's names"
+        raise ValueError(
+            f"weights_file {path} is not of this network ({type(net).__name__}): {found}. Give the weights of the "
+            "same architecture as model.net, or the network they belong to"
+        )
+    print(f"weights_file {path}: {len(in_common) - len(mismatched)} of {len(net.state_dict())} tensors loaded")
+    load_weights(net, stripped, strict=False)
+    if mismatched:
+        print(f"new head {head}: its {net.get_submodule(head)} replaces the file's, of another class count")
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:

@@ -36,12 +36,13 @@ from template.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
     find_checkpoint,
+    load_pretrained,
     read_checkpoint,
 )
 from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
-from template.nets.pretrained import check_cached, replace_head, weights_of
+from template.nets.pretrained import check_cached, head_name, replace_head, weights_of
 from template.nets.shape import check_fits, network_arguments
 from template.runs import (
     continue_run_directory,
@@ -147,6 +148,14 @@ class ClassificationCLI(LightningCLI):
         parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
         # The network's num_classes and in_channels, where it takes them: instantiate_classes.
+        parser.add_argument(
+            "--weights_file",
+            type=str | None,
+            default=None,
+            help="A state_dict file (.pt, .pth, .safetensors, or a .ckpt) the network starts from, its head new when "
+            "the class count differs. With a torchvision model.net.weights name too, it is those weights, read from "
+            "this file instead of the hub cache (their normalisation and input size apply).",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse as LightningCLI does; with a checkpoint, again, after its run's configuration
@@ -237,28 +246,46 @@ class ClassificationCLI(LightningCLI):
         """As LightningCLI does, with the DataModule built first: the network then gets the data's
         class count and channels where its signature takes them (a jsonargparse link would also write
         them into a network that does not, and fails on a function such as torchvision.models.resnet18),
-        and is checked against the data before any training (``template.nets.shape``)."""
+        starts from pretrained weights (torchvision's, whose normalisation and input size the data takes
+        unless given, or a ``weights_file``), and is checked against the data before any training
+        (``template.nets.shape``)."""
         config = self.config.get(str(self.subcommand), self.config)
         data_config, net = config.data, config.model.init_args.net
         init_args = net.get("init_args") or Namespace()
         weights = weights_of(vars(init_args))  # torchvision's pretrained weights (template.nets.pretrained)
-        pretrained = weights is not None and not config.get("ckpt_path")
-        if weights is not None and not pretrained:
-            init_args.weights = None  # the checkpoint holds the trained weights, its head included
+        if config.get("ckpt_path"):  # the checkpoint holds the trained weights, its head included: no file is read
+            if weights is not None:
+                init_args.weights = weights = None
+            config.weights_file = None
+        weights_file = config.get("weights_file")
+        if weights_file and not Path(weights_file).is_file():  # before any data is read
+            raise FileNotFoundError(
+                f"weights_file {weights_file}: no such file (in {Path(weights_file).resolve().parent}); give the path "
+                "of a state_dict saved with torch.save or safetensors, or leave weights_file out"
+            )
         data_args = data_config.get("init_args") or Namespace()
-        if pretrained:
-            check_cached(weights)
+        if weights is not None:
+            if weights_file:  # these weights, from the file given: built without them, loaded below
+                init_args.weights = None
+            else:
+                check_cached(weights)
+            stats = weights.transforms()  # how the weights were trained: their normalisation and input size
             if "mean" in data_args and data_args.mean is None and data_args.get("std") is None:
-                stats = weights.transforms()  # the normalisation the weights were trained with, unless given
                 data_args.mean, data_args.std = list(stats.mean), list(stats.std)
+            if "image_size" in data_args and data_args.image_size is None:
+                data_args.image_size = stats.crop_size[0] if len(stats.crop_size) == 1 else list(stats.crop_size)
         parser = ArgumentParser(exit_on_error=False)
         parser.add_subclass_arguments(ImageDataModule, "data")
         instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
         data = instantiate(parser.parse_object({"data": data_config.as_dict()})).data
         if isinstance(data.hparams, dict):  # what LightningCLI's own instantiation records: checkpoints name the class
             data.hparams.update({"_class_path": data_config.class_path, "_instantiator": INSTANTIATOR})
+        if "image_size" in data_args and data_args.image_size is None:  # config.yaml records the size used
+            height, width = data.image_size
+            data_args.image_size = height if height == width else [height, width]
         arguments = network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
-        if pretrained:
+        hub = weights is not None and not weights_file
+        if hub:
             arguments.pop("num_classes", None)  # built with the weights' own head, replaced below
         net.init_args = Namespace(**arguments)
         config.data = data  # jsonargparse takes an instance as it is: built once
@@ -266,8 +293,10 @@ class ClassificationCLI(LightningCLI):
             super().instantiate_classes()
         finally:
             config.data = data_config  # the configuration stays one of values (config.yaml)
-        if pretrained:
+        if hub:
             replace_head(self.model.net, data.num_classes)
+        elif weights_file:
+            load_pretrained(self.model.net, weights_file, head_name(self.model.net))
         check_fits(self.model.net, data.input_shape, data.num_classes)
 
     def after_instantiate_classes(self) -> None:

@@ -153,6 +153,8 @@ CONFIG_SETS = [
     ["configs/cifar10_fast.yaml"],
     ["configs/imagefolder.yaml"],
     ["configs/imagefolder.yaml", "configs/finetune.yaml"],
+    ["configs/imagefolder.yaml", "configs/augment/light.yaml"],
+    ["configs/default.yaml", "configs/augment/strong.yaml"],
     ["configs/default.yaml", "configs/trainer/ddp.yaml"],
     ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
     ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],

@@ -1,4 +1,5 @@
-"""Pretrained torchvision weights from the hub cache, a new head, and a frozen-then-unfrozen backbone."""
+"""Pretrained weights from the hub cache or a file, a new head, the weights' input size, and a frozen-then-unfrozen
+backbone."""
 
 import shutil
 from pathlib import Path
@@ -7,8 +8,12 @@ import pytest
 import torch
 import torchvision
 from conftest import write_image_folder
+from safetensors.torch import save_file
 
+from template.checkpoints import DamagedCheckpointError, load_pretrained
+from template.cli import cli
 from template.commands import main
+from template.nets import ResNetSmall
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,3 +73,71 @@ def test_missing_pretrained_weights_are_named_with_where_to_put_them(tmp_path, m
     error = capsys.readouterr().err
     assert "resnet18-f37072fd.pth" in error and str(tmp_path / "torch" / "hub" / "checkpoints") in error
     assert not (tmp_path / "runs").exists()
+
+
+def test_weights_file_starts_the_network_and_its_checkpoint_evaluates_without_it(run_cli, tmp_path, capsys):
+    torch.manual_seed(0)
+    source = ResNetSmall(num_classes=4, in_channels=1)  # the project's own network, of another class count
+    source.stem[0].weight.data.fill_(0.01)  # recognisable after loading
+    torch.save({"state_dict": {f"net.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "mine.ckpt")
+    args = ["--weights_file", str(tmp_path / "mine.ckpt"), "--trainer.max_epochs", "1", "--trainer.limit_train_batches",
+            "1", "--trainer.limit_val_batches", "1", "--model.optimizer.lr", "1e-9"]  # fmt: skip
+    net = run_cli("fit", *args).model.net
+    report = capsys.readouterr().out
+    assert f"weights_file {tmp_path / 'mine.ckpt'}: " in report
+    assert "head.weight (4, 128) vs (10, 128)" in report and "new head head:" in report
+    assert torch.allclose(net.stem[0].weight, source.stem[0].weight, atol=1e-6)  # started from the file
+    assert net.head.out_features == 10  # the digits' head, not the file's
+
+    (tmp_path / "mine.ckpt").unlink()  # the checkpoint holds every weight: evaluation and export need no file
+    assert "test/acc" in run_cli("test", "--ckpt_path", "last").trainer.callback_metrics
+    main(["export", "--ckpt_path", "last", "--runs_dir", str(run_cli.runs_dir), "--format", "safetensors",
+          "--output", str(tmp_path / "net.safetensors")])  # fmt: skip
+
+
+def test_torchvision_weights_from_a_safetensors_file_take_their_statistics_and_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache: the file is read instead
+    monkeypatch.chdir(tmp_path)
+    state = torchvision.models.resnet18().state_dict()  # 1000 classes, as ImageNet's
+    state["conv1.weight"].fill_(0.01)
+    save_file(state, tmp_path / "resnet18.safetensors")
+    images = write_image_folder(tmp_path / "images", classes=("cat", "dog"), per_class=4)
+    built = cli(["--config", str(REPO / "configs/imagefolder.yaml"), "--config", str(REPO / "configs/finetune.yaml"),
+                 "--data.root", str(images), "--weights_file", str(tmp_path / "resnet18.safetensors"),
+                 "--trainer.accelerator", "cpu"], run=False)  # fmt: skip
+    assert torch.equal(built.model.net.conv1.weight, state["conv1.weight"])
+    assert built.model.net.fc.out_features == 2
+    assert "fc.weight (1000, 512) vs (2, 512)" in capsys.readouterr().out
+    assert built.datamodule.image_size == (224, 224)  # resnet18's crop, and ImageNet's statistics
+    assert built.config.data.init_args.mean == pytest.approx([0.485, 0.456, 0.406])
+
+
+def test_weights_file_missing_or_of_another_network_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--weights_file", "nowhere/net.pth"])
+    assert exit_info.value.code == 1
+    assert "weights_file nowhere/net.pth: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    with pytest.raises(ValueError, match=r"not of this network \(ResNetSmall\): no tensor of this network's names"):
+        load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "resnet18.pth", "head")
+    torch.save(ResNetSmall(num_classes=10, in_channels=3).state_dict(), tmp_path / "rgb.pth")  # another stem
+    with pytest.raises(ValueError, match=r"other shapes for stem.0.weight"):
+        load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "rgb.pth", "head")
+    torch.save({"not": "a state_dict"}, tmp_path / "other.pth")
+    with pytest.raises(DamagedCheckpointError, match="holds no state_dict of named tensors"):
+        load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "other.pth", "head")
+
+
+def test_pretrained_weights_set_the_image_size_unless_it_is_given(tmp_path, monkeypatch, hub_cache):
+    monkeypatch.chdir(tmp_path)
+    images = write_image_folder(tmp_path / "images", classes=("cat", "dog"), per_class=4)
+    configs = ["--config", str(REPO / "configs/imagefolder.yaml"), "--data.root", str(images),
+               "--trainer.accelerator", "cpu"]  # fmt: skip
+    finetune = ["--config", str(REPO / "configs/finetune.yaml")]
+    for extra, size in (([], 32), (finetune, 224), ([*finetune, "--data.image_size", "16"], 16)):
+        built = cli([*configs, *extra], run=False)
+        assert built.datamodule.image_size == (size, size)
+        assert built.config.data.init_args.image_size == size  # config.yaml records the size used

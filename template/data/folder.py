@@ -14,6 +14,7 @@ from template.data.cache import decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
+DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -54,7 +55,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
-        image_size: images are resized to cover this size and centre-cropped (side, or (H, W)).
+        image_size: images are resized to cover this size and centre-cropped (side, or (H, W));
+            ``None``: the pretrained weights' input size when the CLI has torchvision weights, else 32.
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         batch_size: images per batch on each device.
         global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
@@ -92,7 +94,7 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(
         self,
         root: str,
-        image_size: int | tuple[int, int] = 32,
+        image_size: int | tuple[int, int] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
         batch_size: int = 32,
         global_batch_size: int | None = None,
@@ -134,7 +136,7 @@ class ImageFolderDataModule(ImageDataModule):
         if not 0 <= test_fraction < 1:
             raise ValueError(f"data.test_fraction={test_fraction} must be at least 0 and below 1")
         self.root = Path(root)
-        self.image_size = image_size
+        self.image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
         self.cache = max(self.image_size) <= cache_max_size if cache is None else cache

@@ -3,7 +3,8 @@
 ``--model.net torchvision.models.resnet18 --model.net.weights DEFAULT`` builds the network with the
 weights' own head (1000 ImageNet classes), then ``replace_head`` puts a fresh one with the data's
 class count in place of it. Nothing is downloaded while training: a weights file that is not in
-the cache is an error naming the file and the folder to put it in.
+the cache is an error naming the file and the folder to put it in. A ``weights_file`` is read in
+place of the cache by ``template.checkpoints.load_pretrained``, with the same head rule.
 """
 
 from enum import Enum
@@ -40,13 +41,8 @@ def replace_head(net: nn.Module, num_classes: int) -> nn.Linear | None:
     """Put a fresh ``nn.Linear`` with ``num_classes`` outputs in place of the network's last linear
     layer (its classifier: ``fc``, ``classifier[-1]``, ``heads.head``...) when its outputs differ.
     Returns the new head, or None if the old one already fits."""
-    name, head = next(
-        ((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), (None, None)
-    )
-    if head is None:
-        raise ValueError(
-            f"{type(net).__name__} has no nn.Linear classifier to replace with one of {num_classes} classes"
-        )
+    name = head_name(net)
+    head = net.get_submodule(name)
     if head.out_features == num_classes:
         return None
     new = nn.Linear(head.in_features, num_classes, bias=head.bias is not None)
@@ -58,9 +54,18 @@ def replace_head(net: nn.Module, num_classes: int) -> nn.Linear | None:
     return new
 
 
+def head_name(net: nn.Module) -> str:
+    """The name of the network's classifier: its last ``nn.Linear`` (``fc``, ``classifier.1``...)."""
+    name = next((n for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), None)
+    if name is None:
+        raise ValueError(
+            f"{type(net).__name__} has no nn.Linear classifier to replace: a pretrained network needs one as its head"
+        )
+    return name
+
+
 def head_and_backbone(net: nn.Module) -> tuple[list[nn.Parameter], list[nn.Module]]:
     """The last linear layer's parameters, and every other top-level child (the backbone)."""
-    name = next(n for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear))
-    head = net.get_submodule(name)
+    head = net.get_submodule(head_name(net))
     backbone = [module for module in net.children() if module is not head and head not in list(module.modules())]
     return list(head.parameters()), backbone
