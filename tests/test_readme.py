@@ -12,9 +12,12 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.cli import PROGRAM, cli
+from template.commands import main
 from template.data import ImageDataModule
+from template.tools.cv import build_parser as cv_parser
 from template.tools.export import build_parser
 from template.tools.lr_find import build_parser as lr_find_parser
+from template.tools.sweep import build_parser as sweep_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -37,7 +40,10 @@ def test_readme_shows_cli_commands():
     assert len(COMMANDS) >= 8
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+SWEEP_OUTPUT = "best.yaml"  # a file the sweep writes: its command runs after the sweep's, below
+
+
+@pytest.mark.parametrize("command", [command for command in COMMANDS if SWEEP_OUTPUT not in command])
 def test_readme_command_parses(command, monkeypatch):
     # --print_config parses every option and config file, then exits before any work.
     monkeypatch.chdir(REPO)
@@ -45,15 +51,36 @@ def test_readme_command_parses(command, monkeypatch):
     if args[0] == "export":  # its own parser: check the options without exporting anything
         build_parser().parse_args(args[1:])
         return
-    if args[0] in ("doctor", "lr-find"):  # fit's options without a subcommand, plus lr-find's own
+    if args[0] in ("sweep", "cv"):  # their own options, then fit's
+        parser = sweep_parser() if args[0] == "sweep" else cv_parser()
+        args = ["fit", *parser.parse_known_args(args[1:])[1]]
+    elif args[0] in ("doctor", "lr-find"):  # fit's options without a subcommand, plus lr-find's own
         fit_args = lr_find_parser().parse_known_args(args[1:])[1]
         with pytest.raises(SystemExit) as exit_info:
             cli([*fit_args, "--print_config"], run=False)
         assert exit_info.value.code in (0, None)
         return
     with pytest.raises(SystemExit) as exit_info:
-        cli([*shlex.split(command)[1:], "--print_config"])
+        cli([*args, "--print_config"])
     assert exit_info.value.code in (0, None)
+
+
+@pytest.mark.slow
+def test_the_sweep_and_cross_validate_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
+             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]  # fmt: skip
+    sweep = next(shlex.split(command)[1:] for command in COMMANDS if command.split()[1] == "sweep")
+    refit = next(shlex.split(command)[1:] for command in COMMANDS if SWEEP_OUTPUT in command)
+    main([*sweep, *quick, "--n_trials", "2"])
+    assert len(list((tmp_path / "runs" / "optimizer").glob("trial_*/config.yaml"))) == 2
+    main([*refit, *quick])
+    assert len(list((tmp_path / "runs" / "optimizer").glob("version_0/checkpoints/best*"))) == 1
+    cv = next(shlex.split(command)[1:] for command in COMMANDS if command.split()[1] == "cv")
+    main([*cv, *quick, "--folds", "2"])
+    assert "(over 2 folds)" in capsys.readouterr().out
+    assert (tmp_path / "runs" / "digits" / "cv_0" / "cv.csv").is_file()
 
 
 def section(title: str) -> str:
@@ -83,6 +110,10 @@ def test_the_swap_the_data_example_trains_as_written(run_cli, tmp_path, monkeypa
     for split in ("train", "val", "test", "predict"):
         images, labels = data.load_split(split)
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 12, 10) and len(images) == len(labels)
+    # The base's options came through **kwargs: the folds of `template cv` too.
+    folded = type(data)(data.hparams.path, folds=3, fold=1)
+    folded.setup("fit")
+    assert len(folded.datasets["train"]) + len(folded.datasets["val"]) == 54 and len(folded.datasets["val"]) == 18
     sys.modules.pop("my_data", None)
 
 

@@ -27,13 +27,18 @@ def next_cv_dir(run_root: Path) -> Path:
     return run_root / f"cv_{number}"
 
 
-def main(args: list[str]) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"{PROGRAM} cv",
         usage=f"{PROGRAM} cv --folds K [fit options]",
         description="k-fold cross-validation; every other option is a fit option (--config ...).",
     )
     parser.add_argument("--folds", type=int, required=True, help="number of folds, at least 2")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
     if options.folds < 2:
         parser.error(f"--folds {options.folds}: at least 2")
