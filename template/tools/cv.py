@@ -11,6 +11,7 @@ import argparse
 import csv
 import io
 import statistics
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -42,7 +43,13 @@ def main(args: list[str]) -> None:
     options, fit_args = parser.parse_known_args(args)
     if options.folds < 2:
         parser.error(f"--folds {options.folds}: at least 2")
-    config = resolved_config([*fit_args, f"--data.init_args.folds={options.folds}"], command="cv")
+    resolved_config(fit_args)  # the fit options alone first: their mistakes are theirs
+    try:
+        config = resolved_config([*fit_args, f"--data.init_args.folds={options.folds}"])
+    except SystemExit:
+        print(f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, "
+              "Swap the data)", file=sys.stderr)  # fmt: skip
+        raise
     runs_dir, name = runs_place(config)
     monitor, _ = monitored(config)
     cv_dir = next_cv_dir(runs_dir / name)

@@ -23,13 +23,13 @@ class Fit:
     best_checkpoint: str
 
 
-def resolved_config(fit_args: list[str], command: str) -> dict:
+def resolved_config(fit_args: list[str]) -> dict:
     """The configuration ``template fit`` would run with these options, parsed and checked but
     nothing built (LightningCLI's ``--print_config``)."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         try:
-            cli(["fit", *fit_args, "--print_config"], command=command)
+            cli(["fit", *fit_args, "--print_config"])
         except SystemExit as exit:
             if exit.code not in (0, None):  # a parse error, already said on stderr
                 raise

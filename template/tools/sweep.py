@@ -93,6 +93,12 @@ def as_option(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+def example_options(space: dict[str, dict]) -> list[str]:
+    """Fit options with a value of each entry (its low end, its first choice), to check the keys."""
+    values = {key: spec["choices"][0] if spec["type"] == "categorical" else spec["low"] for key, spec in space.items()}
+    return [f"--{key}={as_option(values[key])}" for key in sorted(space, key=lambda key: key.count("."))]
+
+
 def suggest(trial: optuna.Trial, space: dict[str, dict]) -> list[str]:
     """This trial's values as fit options; a class chosen first, so its own options apply to it."""
     options = []
@@ -233,7 +239,12 @@ def main(args: list[str]) -> None:
         parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
-    config = resolved_config(fit_args, command="sweep")
+    config = resolved_config(fit_args)
+    try:  # the space's keys are fit options: a typo is found now, not as a failed first trial
+        resolved_config([*fit_args, *example_options(space)])
+    except SystemExit:
+        print(f"{parser.prog}: error: --space {options.space}: an entry is not a fit option (above)", file=sys.stderr)
+        raise
     runs_dir, _ = runs_place(config)
     monitor, mode = monitored(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what each trial did
