@@ -62,7 +62,9 @@ def fit(fit_args: list[str], run_name: tuple[str, str], callbacks: tuple = ()) -
     """Run ``template fit`` with ``fit_args`` in runs/<run_name[0]>/<run_name[1]>."""
     built = cli(["fit", *fit_args], run_name=run_name, callbacks=callbacks)
     trainer = built.trainer
-    best = next(c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor)
+    best = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    if best is None:
+        raise ValueError("the run kept no best checkpoint (trainer.enable_checkpointing false?): nothing to compare")
     score = None if best.best_model_score is None else float(best.best_model_score)
     return Fit(score, best.monitor, str(run_directory(trainer)), best.best_model_path)
 

@@ -215,6 +215,27 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
     console.print(f"all trials       {out_dir / 'trials.csv'}", highlight=False)
 
 
+def one_process(config: dict) -> list[str]:
+    """A trial is one process on one device: Lightning's DDP would start this whole command again in
+    every process, each then asking the study for trials of its own. More devices: more workers."""
+    trainer = config.get("trainer") or {}
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    if devices in ("auto", -1, "-1"):
+        return ["--trainer.devices=1"]
+    if isinstance(devices, list):
+        count = len(devices)
+    elif isinstance(devices, str) and "," in devices:  # "0,1": device indices
+        count = len([index for index in devices.split(",") if index.strip()])
+    else:
+        count = int(devices)
+    if count > 1 or nodes > 1:
+        raise ValueError(
+            f"a sweep trial runs on one device (trainer.devices={devices}, num_nodes={nodes} asks for more): start a "
+            f"worker per GPU instead, each with CUDA_VISIBLE_DEVICES set to its own, on one study"
+        )
+    return []
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"{PROGRAM} sweep",
@@ -245,6 +266,7 @@ def main(args: list[str]) -> None:
     except SystemExit:
         print(f"{parser.prog}: error: --space {options.space}: an entry is not a fit option (above)", file=sys.stderr)
         raise
+    fit_args = [*fit_args, *one_process(config)]
     runs_dir, _ = runs_place(config)
     monitor, mode = monitored(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what each trial did

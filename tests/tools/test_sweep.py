@@ -14,7 +14,7 @@ import yaml
 from optuna.trial import TrialState
 
 from template.commands import main
-from template.tools.sweep import read_space
+from template.tools.sweep import one_process, read_space
 
 SPACE = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 3.0e-3, log: true}\n"
 # Short trials: few steps, two epochs so that a trial can be pruned after its first.
@@ -118,3 +118,11 @@ def test_a_search_space_that_is_not_one_says_which_entry_and_why(tmp_path):
         path.write_text(text)
         with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("]", r"\]")):
             read_space(str(path))
+
+
+def test_a_trial_is_one_process_and_more_devices_are_refused_naming_the_way_to_use_them():
+    assert one_process({"trainer": {"devices": "auto", "num_nodes": 1}}) == ["--trainer.devices=1"]
+    assert one_process({"trainer": {"devices": 1, "num_nodes": 1}}) == []
+    for devices, nodes in [(2, 1), ("0,1", 1), ([0, 1], 1), (1, 2)]:
+        with pytest.raises(ValueError, match="a worker per GPU"):
+            one_process({"trainer": {"devices": devices, "num_nodes": nodes}})
