@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger  # each imports its tracker only when used
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.pytorch import loggers  # each imports its tracker only when used
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from template.untrusted import DamagedCheckpointError
 
@@ -25,6 +28,24 @@ TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
 RUN_IDS = ("version", "run_id", "id")
 TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B's base-36 ones
+
+
+class MLFlowLogger(loggers.MLFlowLogger):
+    """Lightning's MLFlowLogger, which a resumed run may give changed hyper-parameters (another
+    ``--data.num_workers`` on another machine, say). MLflow refuses a new value for a run's parameter,
+    and Lightning logs the module's and data's hyper-parameters at every start: those already logged
+    keep their first value, with a warning naming them (the run directory's config.yaml has the new)."""
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        params = _flatten_dict(_convert_params(params))  # as Lightning's own does: the keys MLflow gets
+        logged = self.experiment.get_run(self.run_id).data.params
+        if changed := sorted(key for key, value in params.items() if key in logged and logged[key] != str(value)[:250]):
+            rank_zero_warn(
+                f"MLflow run {self.run_id} keeps the first value of {', '.join(changed)}: MLflow cannot change a "
+                "parameter; config.yaml in the run directory holds this run's"
+            )
+        super().log_hyperparams({key: value for key, value in params.items() if key not in logged})
 
 
 def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
@@ -44,7 +65,7 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
         for argument in ("experiment_name", "project"):  # MLflow's, W&B's
             if argument in init_args and not init_args[argument]:
                 init_args[argument] = name or "lightning_logs"  # Lightning's default
-        if issubclass(cls, MLFlowLogger) and not init_args.get("tracking_uri"):
+        if issubclass(cls, loggers.MLFlowLogger) and not init_args.get("tracking_uri"):
             init_args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{runs / 'mlflow.db'}"
             if init_args.tracking_uri.startswith("sqlite:") and not init_args.get("artifact_location"):
                 init_args.artifact_location = str(runs / "mlartifacts")  # MLflow's own: ./mlruns, wherever that is
@@ -127,7 +148,7 @@ def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
 def where_to_look(tracker: Logger, settings: Namespace) -> str:
     """A line of the run summary: the tracker's run, and the command that shows it."""
     init_args = settings.get("init_args") or Namespace()
-    if isinstance(tracker, MLFlowLogger):
+    if isinstance(tracker, loggers.MLFlowLogger):
         uri = init_args.get("tracking_uri") or ""
         if uri.startswith(("http://", "https://")):
             return f"mlflow:          {uri}/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
