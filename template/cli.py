@@ -48,10 +48,12 @@ from template.nets.shape import check_fits, network_arguments
 from template.runs import (
     continue_run_directory,
     is_tensorboard,
+    loggers_of,
     runs_dir,
     trained_config,
     without_data_options,
 )
+from template.tracking import resolve_trackers, where_to_look
 from template.untrusted import INSTANTIATOR
 
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
@@ -233,7 +235,7 @@ class ClassificationCLI(LightningCLI):
             config.trainer.benchmark = False
         elif config.trainer.benchmark is None:
             config.trainer.benchmark = True
-        logger = config.trainer.get("logger")
+        logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
         if is_tensorboard(logger):
             # Absolute, so the checkpoint directory a resumed run sees is the one its
             # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
@@ -242,6 +244,9 @@ class ClassificationCLI(LightningCLI):
                 logger.init_args.name, logger.init_args.version = self.run_name
             if self.subcommand == "fit" and config.get("ckpt_path"):
                 continue_run_directory(config.ckpt_path, logger)
+        if trackers:
+            name = logger.init_args.get("name") if is_tensorboard(logger) else None
+            config.trainer.logger = [logger, *resolve_trackers(trackers, runs_dir(config), name)]
 
     def instantiate_classes(self) -> None:
         """As LightningCLI does, with the DataModule built first: the network then gets the data's
@@ -361,6 +366,8 @@ class ClassificationCLI(LightningCLI):
             if getattr(self.datamodule, "has_test", True):
                 lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}")
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
+        configured = loggers_of(self.config.get(str(self.subcommand), self.config))[1:]
+        lines += [where_to_look(tracker, settings) for tracker, settings in zip(self.trainer.loggers[1:], configured)]
         # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
         console = Console(soft_wrap=True)
         console.rule("run summary")

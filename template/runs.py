@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 
+from template.tracking import RUN_IDS, class_key, tracker_runs
 from template.untrusted import DamagedCheckpointError, check_config
 
 DEFAULT_RUNS_DIR = "runs"
@@ -48,7 +49,8 @@ def trained_config(
     """The configuration the checkpoint's run was trained with, as a --config (see the module's doc).
 
     ``sections``: the class whose arguments each section of a config holds, for the checks.
-    Evaluating, the run's logger writes a new version beside the trained one.
+    Evaluating, the run's logger writes a new version beside the trained one, and its trackers (MLflow,
+    W&B) new runs; resuming, the trackers log on into the runs the run directory recorded.
     """
     if (run_dir := training_run(ckpt_path)) is not None:
         source = run_dir / "config.yaml"
@@ -58,8 +60,16 @@ def trained_config(
             raise DamagedCheckpointError(f"{source}, the run's configuration, cannot be read: {error}") from None
         check_config(config, str(source), sections)  # before jsonargparse imports what it names
         logger = (config.get("trainer") or {}).get("logger")
-        if evaluating and isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
-            logger["init_args"].pop("version", None)
+        recorded = {} if evaluating else tracker_runs(run_dir)
+        for index, each in enumerate(logger if isinstance(logger, list) else [logger]):
+            if not isinstance(each, dict) or not isinstance(init_args := each.get("init_args"), dict):
+                continue
+            if evaluating:  # a new run directory, and new tracker runs: training's curves stay training's alone
+                for argument in RUN_IDS:
+                    init_args.pop(argument, None)
+            elif index > 0 and isinstance(class_path := each.get("class_path"), str):
+                # A resume: the trackers log on into their runs (and TensorBoard into its directory: the CLI's).
+                init_args.update(recorded.get(class_key(pkgutil.resolve_name(class_path)), {}))
     else:
         hparams = dict(checkpoint.get("hyper_parameters") or {})
         class_path = hparams.pop("_class_path", None)  # a LightningModule subclass chosen from YAML
@@ -102,6 +112,12 @@ def is_tensorboard(logger: Any) -> bool:
     return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
 
 
+def loggers_of(config: Namespace) -> list:
+    """The configured loggers, as a list: the first writes the run directory, any others are trackers."""
+    logger = config.get("trainer", {}).get("logger")
+    return list(logger) if isinstance(logger, list | tuple) else [logger]
+
+
 def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
     """Resuming from runs/<name>/<version>/checkpoints/X.ckpt logs on into that same run directory."""
     if (run_dir := training_run(ckpt_path)) is not None:
@@ -112,7 +128,7 @@ def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
 
 def runs_dir(config: Namespace) -> str:
     """Where the configured TensorBoard logger writes its runs."""
-    logger = config.get("trainer", {}).get("logger")
+    logger = loggers_of(config)[0]
     if is_tensorboard(logger):
         return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
     return DEFAULT_RUNS_DIR

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -129,8 +130,6 @@ def print_config(capsys, monkeypatch):
 
 
 def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_config, tmp_path, monkeypatch):
-    import yaml
-
     printed = yaml.safe_load(print_config())
     model = printed["model"]["init_args"]
     assert model["label_smoothing"] == 0.1 and model["optimizer"]["init_args"]["lr"] == 0.003
@@ -159,6 +158,7 @@ CONFIG_SETS = [
     ["configs/cifar10_resnet18.yaml", "configs/trainer/ddp_multinode.yaml"],
     ["configs/default.yaml", "configs/trainer/fast_dev_run.yaml"],
     ["configs/trainer/overfit_batches.yaml"],
+    ["configs/logger/mlflow.yaml", "configs/logger/wandb.yaml"],
 ]
 
 
@@ -173,6 +173,9 @@ def test_every_config_parses_and_composes(print_config, configs):
     printed = print_config(*args)
     if "overfit_batches.yaml" in configs[-1]:
         assert "overfit_batches: 1" in printed and "crop_padding: 0" in printed
+    if "logger" in configs[0]:  # each tracker added after TensorBoard, which writes the run directory
+        loggers = [logger["class_path"] for logger in yaml.safe_load(printed)["trainer"]["logger"]]
+        assert [name.rsplit(".", 1)[1] for name in loggers] == ["TensorBoardLogger", "MLFlowLogger", "WandbLogger"]
     assert (REPO / configs[0]).is_file()
 
 

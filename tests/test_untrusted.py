@@ -299,6 +299,8 @@ def config_attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, callable
         return change
 
     shell = {"class_path": "os.system", "init_args": {"command": f"touch {marker}"}}
+    tensorboard = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+    stranger = {"class_path": f"{sentinel}.Net"}  # a tracker after TensorBoard
     return {
         "module": ("model.class_path", setting("model", "class_path", value=f"{sentinel}.Net")),
         "network": (
@@ -309,6 +311,7 @@ def config_attacks(marker: Path, sentinel: str) -> dict[str, tuple[str, callable
         "data": ("data.class_path", setting("data", value={"class_path": f"{sentinel}.Net"})),
         "callback": ("trainer.callbacks[0].class_path", setting("trainer", "callbacks", value=[shell])),
         "logger": ("trainer.logger.class_path", setting("trainer", "logger", value={"class_path": f"{sentinel}.Net"})),
+        "tracker": ("trainer.logger[1].class_path", setting("trainer", "logger", value=[tensorboard, stranger])),
         "plugin": ("trainer.plugins", setting("trainer", "plugins", value=f"{sentinel}.Net")),
         "callback section": (
             "monitor.csv_name.class_path",

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from template.runs import loggers_of
+from template.tracking import TRACKER_RUNS, record_trackers
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
 
@@ -73,7 +77,8 @@ def run_directory(trainer: L.Trainer) -> str | None:
 
 class RunRecord(SaveConfigCallback):
     """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does) and ``env.json``
-    into the run directory at the start of every run (``env-2.json``... on a resume).
+    into the run directory at the start of every run (``env-2.json``... on a resume), and, with trackers
+    beside TensorBoard, ``trackers.json`` (``template.tracking``).
 
     One callback for both: every callback costs a few µs at each of a training step's hooks.
     """
@@ -89,6 +94,9 @@ class RunRecord(SaveConfigCallback):
             number += 1
             path = run_dir / f"env-{number}.json"
         path.write_text(json.dumps(environment_record(trainer), indent=2) + "\n")
+        if trackers := trainer.loggers[1:]:  # MLflow, W&B... beside TensorBoard (template.tracking)
+            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # config.yaml's values
+            record_trackers(trackers, loggers_of(self.config)[1:], config, run_dir)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """A command that failed before it produced anything leaves no run directory behind: remove
@@ -97,7 +105,7 @@ class RunRecord(SaveConfigCallback):
         if not trainer.is_global_zero or not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
         run_dir = Path(log_dir)
-        started = {"config.yaml", "hparams.yaml", "checkpoints"}
+        started = {"config.yaml", "hparams.yaml", "checkpoints", TRACKER_RUNS}
         names = [path.name for path in run_dir.iterdir()] if run_dir.is_dir() else []
         if (
             not names
