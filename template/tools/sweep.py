@@ -193,7 +193,9 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
     table = Table("trial", "state", monitor, *(short if len(set(short)) == len(short) else names), "run",
                   title=f"study {study.study_name} ({out_dir})")  # fmt: skip
     for row in rows:
-        table.add_row(*map(str, row[:-1]), Path(row[-1]).name)
+        table.add_row(
+            *(f"{cell:.4g}" if isinstance(cell, float) else str(cell) for cell in row[:-1]), Path(row[-1]).name
+        )
     console = Console(soft_wrap=True)
     console.print(table)
     try:
