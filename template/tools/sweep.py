@@ -26,12 +26,14 @@ import time
 import warnings
 from pathlib import Path
 
+import lightning as L
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from template.callbacks.nonfinite import NonFiniteError
-from template.cli import PROGRAM
+from template.cli import CALLBACKS, PROGRAM
+from template.module import ClassificationModule
 
 try:
     import optuna
@@ -40,6 +42,7 @@ try:
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
 from template.tools.fits import fit, monitored, resolved_config, runs_place, write_atomically
+from template.untrusted import check_config
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest_* names them
@@ -47,6 +50,8 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
     "int": ({"low", "high"}, {"log", "step"}),
     "categorical": ({"choices"}, set()),
 }
+# The class whose arguments each section of a configuration holds (ClassificationCLI.sections).
+SECTIONS = {"trainer": L.Trainer, "model": ClassificationModule, **CALLBACKS}
 POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
 
 
@@ -204,6 +209,9 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
         console.print("no trial completed: no best.yaml", highlight=False)
         return
     config = yaml.safe_load(best.user_attrs["config"])
+    # A shared study's database is written by every worker that reaches it: its configuration is checked
+    # as a run's config.yaml is, before best.yaml hands it to `fit --config` (template.untrusted).
+    check_config(config, f"the best trial ({best.number}) of study {study.study_name}", SECTIONS)
     logger = (config.get("trainer") or {}).get("logger")
     for each in logger if isinstance(logger, list) else [logger]:
         if isinstance(each, dict) and isinstance(each.get("init_args"), dict):

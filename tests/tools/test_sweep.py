@@ -126,3 +126,20 @@ def test_a_trial_is_one_process_and_more_devices_are_refused_naming_the_way_to_u
     for devices, nodes in [(2, 1), ("0,1", 1), ([0, 1], 1), (1, 2)]:
         with pytest.raises(ValueError, match="a worker per GPU"):
             one_process({"trainer": {"devices": devices, "num_nodes": nodes}})
+
+
+def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    (tmp_path / "runs").mkdir()
+    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
+                                direction="maximize")  # fmt: skip
+    planted = "model:\n  class_path: os.system\n  init_args: {command: touch pwned}\n"
+    study.add_trial(optuna.trial.create_trial(
+        params={"model.optimizer.init_args.lr": 1e-3}, value=1.0, user_attrs={"config": planted},
+        distributions={"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 3e-3, log=True)},
+    ))  # fmt: skip
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
+    assert "os.system" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "lr" / "best.yaml").exists() and not (tmp_path / "pwned").exists()
