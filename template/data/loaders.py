@@ -1,8 +1,9 @@
 """What the DataLoaders read: datasets that hand out whole uint8 batches, and the training order.
 
-Both datasets give the same thing for the same image, uint8 (B, C, H, W) at the training
-size: ``TensorImageDataset`` indexes it from memory (or a memmap cache), ``FileDataset``
-decodes it from the files in DataLoader workers. Augmentation comes later, on the device.
+Both datasets give the same thing for the same image, uint8 (B, C, H', W') at the stored
+size (``resize_size``): ``TensorImageDataset`` indexes it from memory (or a memmap cache),
+``FileDataset`` decodes it from the files in DataLoader workers. Cropping to the training
+size and augmenting come later, on the device.
 """
 
 from collections.abc import Iterator
