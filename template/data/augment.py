@@ -214,8 +214,11 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:
     """Mirror each image left-right with the given probability."""
     flip = torch.rand(images.shape[0], device=images.device) < probability
-    # torch.where, not images[flip]: a boolean-mask index makes the host wait for the device every step.
-    return torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
+    # Each image picked from the batch or its mirror by index: no boolean-mask index, which makes the
+    # host wait for the device every step, and on the CPU 2 ms a batch of 128 at 128 px where
+    # torch.where's broadcast over uint8 takes 6.
+    choice = torch.arange(len(images), device=images.device) + len(images) * flip
+    return torch.cat([images, images.flip(3)]).index_select(0, choice)
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -227,14 +230,18 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome)."""
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
-    squares = torch.zeros_like(total)
+    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome).
+
+    From each channel's histogram of its 256 values: exact, and 0.12 s for 2,000 images of
+    146x146 where summing the pixels as float64 took 1.06 (one core).
+    """
+    counts = torch.zeros(images.shape[1], 256, dtype=torch.float64)
     for start in range(0, len(images), chunk):
-        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
-        total += block.sum(dim=(0, 2, 3))
-        squares += block.square().sum(dim=(0, 2, 3))
-    count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total / count
-    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+        block = torch.as_tensor(images[start : start + chunk])
+        for channel in range(images.shape[1]):
+            counts[channel] += torch.bincount(block[:, channel].reshape(-1), minlength=256)
+    values = torch.arange(256, dtype=torch.float64) / 255
+    share = counts / counts.sum(dim=1, keepdim=True)  # (C, 256)
+    mean = share @ values
+    std = (share * (values - mean[:, None]).square()).sum(dim=1).clamp_min(1e-12).sqrt()
     return mean.float(), std.float().clamp_min(1e-6)

@@ -6,6 +6,7 @@ from torchvision.transforms.v2 import functional as TF
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
     augment,
     center_crop,
+    channel_stats,
     crop_boxes,
     mix,
     normalize,
@@ -154,3 +155,13 @@ def test_augment_with_crop_scale_gives_the_training_size_and_evaluation_the_cent
     assert torch.equal(augment(batch, 0, hflip=False, size=(20, 20)), center_crop(batch, (20, 20)))
     with pytest.raises(ValueError, match="smaller than the 24x24 to crop"):
         center_crop(batch, (24, 24))
+
+
+def test_channel_stats_are_the_exact_mean_and_std_of_each_channel():
+    batch = torch.randint(0, 256, (7, 3, 5, 6), dtype=torch.uint8)
+    batch[:, 1] = 0  # a constant channel: std clamped, not zero
+    mean, std = channel_stats(batch, chunk=3)
+    pixels = batch.double().div(255).transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(mean, pixels.mean(dim=1).float())
+    torch.testing.assert_close(std[[0, 2]], pixels[[0, 2]].std(dim=1, correction=0).float())
+    assert std[1] == 1e-6
