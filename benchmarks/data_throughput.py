@@ -169,9 +169,9 @@ def main() -> None:
 
         crops = {"crop_scale": (0.08, 1.0), "crop_padding": 0} if photos else {}
         data = ImageFolderDataModule(
-            str(root), image_size=args.image_size or 32, batch_size=args.batch_size, num_workers=args.workers, cache=True,
-            cache_dir=str(Path(scratch) / "cache"), val_fraction=min(0.25, max(0.02, 50 / base_seen)), test_fraction=0.0,
-            **crops,
+            str(root), image_size=args.image_size or 32, batch_size=args.batch_size, num_workers=args.workers,
+            cache=True, cache_dir=str(Path(scratch) / "cache"), val_fraction=min(0.25, max(0.02, 50 / base_seen)),
+            test_fraction=0.0, **crops,
         )  # fmt: skip
         data.trainer = Training()
         start = time.perf_counter()

@@ -1,9 +1,10 @@
 """What every image source shares: stratified splits, loaders and the batch hook.
 
 A source only has to provide uint8 images (N, C, H', W') at its stored size (the training
-size, or a little larger for random-resized crops: ``resize_size``) and integer labels per split; this class turns them into DataLoaders that yield whole batches (the
-datasets and the sampler are in ``loaders.py``), and augments and normalises each batch
-on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
+size, or a little larger for random-resized crops: ``resize_size``) and integer labels per
+split; this class turns them into DataLoaders that yield whole batches (the datasets and
+the sampler are in ``loaders.py``), and crops, augments and normalises each batch on the
+device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
 """
 
 import os
@@ -247,7 +248,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
 
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
-        """Normalise as a trained model expects; an input shape or a resize other than it was trained with is an error."""
+        """Normalise as a trained model expects; another input shape or resize than in training is an error."""
         record = check_preprocessing(record, source)
         if record["input_shape"] != list(self.input_shape):
             raise ValueError(
