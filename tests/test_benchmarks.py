@@ -20,6 +20,17 @@ def test_data_throughput_runs_end_to_end_and_reports_a_ratio():
     assert "one-off cache build" in result.stdout and "baseline ImageFolder" in result.stdout
 
 
+def test_data_throughput_on_photos_makes_them_and_reports_random_resized_crops():
+    command = [sys.executable, "benchmarks/data_throughput.py", "--image-size", "24", "--images", "60",
+               "--batch-size", "8", "--epochs", "1", "--workers", "2"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "making 60 photo-like 500x375 JPEG files" in result.stdout
+    assert "RandomResizedCrop(24)" in result.stdout and "random-resized crops" in result.stdout
+    assert re.search(r"one-off cache build \(27x27\): [\d.]+ s = [\d.]+ x one baseline epoch", result.stdout)
+    assert re.search(r"ratio \(b\)/\(a\): [\d.]+x \(target 5x\)", result.stdout)
+
+
 @pytest.mark.slow
 def test_overhead_benchmark_reports_per_step_overhead_and_the_ratio():
     command = [sys.executable, "benchmarks/overhead.py", "--repeats", "1", "--epochs", "1", "--pairs", "2",

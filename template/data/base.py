@@ -1,9 +1,10 @@
 """What every image source shares: stratified splits, loaders and the batch hook.
 
-A source only has to provide uint8 images (N, C, H, W) at the training size and integer
-labels per split; this class turns them into DataLoaders that yield whole batches (the
-datasets and the sampler are in ``loaders.py``), and augments and normalises each batch
-on the device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
+A source only has to provide uint8 images (N, C, H', W') at its stored size (the training
+size, or a little larger for random-resized crops: ``resize_size``) and integer labels per
+split; this class turns them into DataLoaders that yield whole batches (the datasets and
+the sampler are in ``loaders.py``), and crops, augments and normalises each batch on the
+device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
 """
 
 import os
@@ -19,8 +20,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
     POLICIES,
+    RATIO,
     Policy,
     augment,
+    center_crop,
     channel_stats,
     mix,
     normalize,
@@ -85,12 +88,15 @@ class ImageDataModule(L.LightningDataModule, ABC):
     Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W))
     and ``class_names`` in ``__init__`` (the CLI links them into the model) and implement
     ``load_split``.
-    Every batch reaches the device as uint8 at the training size, from memory, a cache or
+    Every batch reaches the device as uint8 at the stored size ``resize_size`` (the training
+    size unless a source stores more for random-resized crops), from memory, a cache or
     streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation of
-    ``template.data.augment`` (random crop, mirror, a policy; then, after normalising with the
-    training split's statistics, random erasing and MixUp/CutMix), all off by default. Those, the input shape and the resize policy are saved in
-    every checkpoint (``preprocessing``, in the DataModule's state) and restored from it, so a
-    trained model is evaluated as it was trained, without its training images.
+    ``template.data.augment`` (random-resized or random crop, mirror, a policy; then, after
+    normalising with the training split's statistics, random erasing and MixUp/CutMix), all off
+    by default, and evaluation takes the centre at the training size. The statistics, the input
+    shape and the resize policy are saved in every checkpoint (``preprocessing``, in the
+    DataModule's state) and restored from it, so a trained model is evaluated as it was trained,
+    without its training images.
 
     Args:
         batch_size: images per batch on each device.
@@ -100,6 +106,10 @@ class ImageDataModule(L.LightningDataModule, ABC):
         num_workers: DataLoader worker processes; 0 loads in the main process.
         crop_padding: pixels of reflect padding for the random-crop augmentation; 0 (the
             default here) turns it off.
+        crop_scale: a random-resized crop instead (torchvision's RandomResizedCrop): the range
+            of the crop's share of the stored image's area, e.g. [0.08, 1] (ImageNet's) or
+            [0.35, 1] for short runs; ``None`` (the default): off. Needs crop_padding 0.
+        crop_ratio: the range of its aspect ratio (width / height), drawn log-uniformly.
         hflip: mirror training images left-right at random (off by default). Only for
             classes that stay the same in a mirror (not for digits or text).
         policy: a random operation per image after crop and mirror: ``trivialaugment``
@@ -127,6 +137,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         crop_padding: int = 0,
         hflip: bool = False,
         global_batch_size: int | None = None,
+        crop_scale: tuple[float, float] | None = None,
+        crop_ratio: tuple[float, float] = RATIO,
         policy: Policy | None = None,
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
@@ -137,6 +149,15 @@ class ImageDataModule(L.LightningDataModule, ABC):
         super().__init__()
         if batch_size < 1 or (global_batch_size is not None and global_batch_size < 1):
             raise ValueError(f"batch sizes must be at least 1, got {batch_size} and {global_batch_size}")
+        if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale={list(crop_scale)} must be a range within (0, 1], e.g. [0.08, 1]")
+        if not 0 < crop_ratio[0] <= crop_ratio[1]:
+            raise ValueError(f"crop_ratio={list(crop_ratio)} must be a positive range, e.g. [0.75, 1.333]")
+        if crop_scale is not None and crop_padding:
+            raise ValueError(
+                f"crop_scale={list(crop_scale)} and crop_padding={crop_padding} both crop; a random-resized crop "
+                "already moves the image: set crop_padding to 0"
+            )
         if policy is not None and policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is not one of {sorted(POLICIES)} (or null for none)")
         if not 0 <= random_erasing <= 1 or mixup_alpha < 0 or cutmix_alpha < 0:
@@ -152,6 +173,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.global_batch_size = global_batch_size
         self.num_workers = num_workers
         self.crop_padding = crop_padding
+        self.crop_scale = None if crop_scale is None else tuple(crop_scale)
+        self.crop_ratio = tuple(crop_ratio)
         self.hflip = hflip
         self.policy = policy
         self.random_erasing = random_erasing
@@ -173,6 +196,12 @@ class ImageDataModule(L.LightningDataModule, ABC):
     @image_size.setter
     def image_size(self, size: int | Sequence[int]) -> None:
         self._image_size = image_size_pair(size)
+
+    @property
+    def resize_size(self) -> tuple[int, int]:
+        """(height, width) of the images a source stores, at least ``image_size``: the training
+        size, unless a source keeps more for random-resized crops to choose from."""
+        return self.image_size
 
     @property
     def has_test(self) -> bool:
@@ -241,16 +270,22 @@ class ImageDataModule(L.LightningDataModule, ABC):
         statistics are known."""
         if len(self.mean) == 0:
             self._compute_normalization()
-        return {"input_shape": list(self.input_shape), "resize": self.resize,
+        return {"input_shape": list(self.input_shape), "resize": self.resize, "resize_size": list(self.resize_size),
                 "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
 
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
-        """Normalise as a trained model expects; an input shape other than it was trained on is an error."""
+        """Normalise as a trained model expects; another input shape or resize than in training is an error."""
         record = check_preprocessing(record, source)
         if record["input_shape"] != list(self.input_shape):
             raise ValueError(
                 f"{source} was trained on inputs (channels, height, width) {record['input_shape']}, but this data "
                 f"gives {list(self.input_shape)}: set the data's image size and channels to the trained ones"
+            )
+        if record["resize_size"] != list(self.resize_size):  # the centre crop would frame images otherwise
+            raise ValueError(
+                f"{source} was trained on images resized to cover {record['resize_size']} (height, width) before "
+                f"the centre crop, but this data resizes them to {list(self.resize_size)}: set data.resize_size to "
+                f"{record['resize_size']} (or leave it out, to take the trained run's)"
             )
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
@@ -336,14 +371,17 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
         if isinstance(batch, torch.Tensor):
             return batch  # the model summary's example input, not a data batch
-        images, labels = batch  # uint8 (B, C, H, W) at the training size, on the training device
+        images, labels = batch  # uint8 (B, C, H', W') at resize_size, on the training device
         if len(self.mean) == 0:  # evaluating without a checkpoint's statistics
             self._compute_normalization()
         training = self.trainer is not None and self.trainer.training
         if training:
             if self.train_sampler is not None:
                 self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-            images = augment(images, self.crop_padding, self.hflip, self.policy)
+            images = augment(images, self.crop_padding, self.hflip, self.policy, self.image_size, self.crop_scale,
+                             self.crop_ratio)  # fmt: skip
+        else:
+            images = center_crop(images, self.image_size)  # as torchvision's Resize + CenterCrop evaluate
         images = normalize(images, self.mean.to(images.device), self.std.to(images.device))
         if training:
             images = random_erasing(images, self.random_erasing)

@@ -5,12 +5,14 @@ keyed by a fingerprint of the file list, sizes, modification times and the resiz
 settings, so a changed dataset is never served stale. Every file is written to a
 temporary file and renamed into place, the JSON record last, so an interrupted build is
 never trusted; a damaged one (a truncated array, a changed payload, a broken record) is
-found on opening, named in a warning and rebuilt.
+found on opening, named in a warning and rebuilt. A cache that would not fit the free disk
+space is not started (``CacheTooLarge``), so a data set too large to hold streams instead.
 """
 
 import hashlib
 import json
 import os
+import shutil
 import zlib
 from multiprocessing import get_context
 from pathlib import Path
@@ -22,7 +24,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from template.data.images import open_image
 
-CACHE_VERSION = 2  # 2: images.open_image (EXIF orientation, 16-bit scaling) and a payload checksum
+CACHE_VERSION = 3  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding
+DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
+
+
+class CacheTooLarge(OSError):
+    """The cache would not fit the free disk space; nothing was written."""
 
 
 def fingerprint(files: list[Path], settings: dict) -> str:
@@ -59,9 +66,10 @@ def checksum(images: np.ndarray) -> str:
 
 
 def decode(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
-    """One image as uint8 (C, H, W): opened by ``open_image`` (upright, 8-bit, in ``mode``),
-    resized to cover ``size`` and centre-cropped, so the aspect ratio is kept."""
-    image = ImageOps.fit(open_image(path, mode), (size[1], size[0]), Image.Resampling.BILINEAR)
+    """One image as uint8 (C, H, W): opened by ``open_image`` (upright, 8-bit, in ``mode``, a JPEG
+    decoded smaller when it stays larger than ``size``), resized to cover ``size`` and
+    centre-cropped, so the aspect ratio is kept."""
+    image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.uint8)
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
@@ -86,11 +94,14 @@ def decode_all(files: list[Path], size: tuple[int, int], mode: str, workers: int
     ]
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(description, total=len(tasks), rate=0.0)
-        if workers > 1 and len(tasks) > 256:
+        if workers > 1 and len(tasks) > 64:
+            # Chunks of at most 256: few messages for small images, and still 8 a worker for a few
+            # thousand large photos, so no worker idles at the end while another decodes its last chunk.
+            chunk = max(1, min(256, len(tasks) // (8 * workers)))
             with get_context("fork").Pool(workers) as pool:
-                for done, result in enumerate(pool.imap_unordered(_decode_one, tasks, chunksize=256), 1):
+                for done, result in enumerate(pool.imap_unordered(_decode_one, tasks, chunksize=chunk), 1):
                     yield result
-                    if done % 512 == 0 or done == len(tasks):
+                    if done % 64 == 0 or done == len(tasks):
                         elapsed = progress.tasks[task].elapsed or 1e-9
                         progress.update(task, completed=done, rate=done / elapsed)
         else:
@@ -139,13 +150,32 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
     return images, invalid
 
 
+def check_room(cache_dir: Path, needed: int, name: str) -> None:
+    """Raise CacheTooLarge, naming both sizes, when ``needed`` bytes exceed DISK_SHARE of the free space."""
+    free = shutil.disk_usage(cache_dir).free
+    if needed > DISK_SHARE * free:
+        raise CacheTooLarge(
+            f"the image cache of {name} would take {in_units(needed)}, but {cache_dir} has {in_units(free)} free "
+            f"(a cache may take {DISK_SHARE:.0%} of it)"
+        )
+
+
+def in_units(size: float) -> str:
+    """A byte count for people: 812 B, 64.0 kB, 1.2 GB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
+
+
 def load_or_build(
     files: list[Path], size: tuple[int, int], mode: str, cache_dir: Path, workers: int, name: str
 ) -> tuple[np.ndarray, dict[int, str]]:
     """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}).
 
     Opens the cache when its fingerprint matches and it is whole; otherwise decodes every
-    file once and writes it atomically.
+    file once and writes it atomically, or raises CacheTooLarge first when it would not fit.
     """
     key = fingerprint(files, {"size": list(size), "mode": mode})
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +187,7 @@ def load_or_build(
             return open_cache(array_path, record_path, shape)
         except ValueError as damage:
             rank_zero_warn(f"the image cache of {name} is incomplete or damaged, so it is rebuilt: {damage}")
+    check_room(cache_dir, int(np.prod(shape)), name)
 
     temporary = cache_dir / f".{array_path.name}.{os.getpid()}.tmp"
     invalid: dict[int, str] = {}

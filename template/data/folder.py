@@ -8,13 +8,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
-from template.data.augment import Policy, channel_stats
-from template.data.base import ImageDataModule, Split, stratified_split
-from template.data.cache import decode, load_or_build, load_or_check
+from template.data.augment import RATIO, Policy, channel_stats
+from template.data.base import ImageDataModule, Split, image_size_pair, stratified_split
+from template.data.cache import CacheTooLarge, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
+RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -43,6 +44,24 @@ def describe(paths: list[str], what: str) -> str:
     return f"{len(paths)} {what}:\n  {listed}{more}"
 
 
+def resize_pair(
+    resize_size: int | tuple[int, int] | None, image_size: tuple[int, int], margin: float
+) -> tuple[int, int]:
+    """``resize_size`` as (height, width), at least ``image_size``: an int is the shorter side, the
+    other in ``image_size``'s proportions; ``None`` is ``image_size`` times ``margin``."""
+    if resize_size is None or isinstance(resize_size, int):
+        scale = margin if resize_size is None else resize_size / min(image_size)
+        pair = (round(image_size[0] * scale), round(image_size[1] * scale))
+    else:
+        pair = image_size_pair(resize_size)
+    if pair[0] < image_size[0] or pair[1] < image_size[1]:
+        raise ValueError(
+            f"data.resize_size={resize_size} gives {pair[0]}x{pair[1]} (height x width), smaller than image_size "
+            f"{image_size[0]}x{image_size[1]}, which is cut out of it: set it to at least {min(image_size)}"
+        )
+    return pair
+
+
 class ImageFolderDataModule(ImageDataModule):
     """Images in class folders, decoded once into a cache or streamed from the files.
 
@@ -53,10 +72,19 @@ class ImageFolderDataModule(ImageDataModule):
     read only by ``test``. ``predict`` of a trained model reads neither: the class names and
     the normalisation come from its checkpoint, so its training folder may be gone.
 
+    Each file is decoded once, resized to cover ``resize_size`` and centre-cropped: at the
+    training size for crop_padding's shifts, a little larger for random-resized crops, which
+    choose their box in it on the device; evaluation takes its centre at the training size.
+    Photos of any size train at the speed of their stored size, whatever their files' size.
+
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
-        image_size: images are resized to cover this size and centre-cropped (side, or (H, W));
-            ``None``: the pretrained weights' input size when the CLI has torchvision weights, else 32.
+        image_size: the size the model gets (side, or (H, W)); ``None``: the pretrained weights'
+            input size when the CLI has torchvision weights, else 32.
+        resize_size: the size images are stored at, resized to cover it and centre-cropped (the
+            shorter side, the other in image_size's proportions, or (H, W)); at least image_size.
+            ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224), so
+            random crops keep some freedom and evaluation takes the centre 7/8.
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         batch_size: images per batch on each device.
         global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
@@ -68,12 +96,12 @@ class ImageFolderDataModule(ImageDataModule):
         split_seed: seed of these splits alone.
         num_workers: processes that decode images: the cache build, or streaming. Cached
             batches are indexed in the main process, where workers would only add copies.
-        cache: decode every image once into a uint8 memmap (fast); otherwise DataLoader
-            workers decode each file again every epoch (for datasets too large to hold);
-            ``None`` caches images up to ``cache_max_size``. Either way the same uint8
-            images reach the device and are augmented there alike.
+        cache: decode every image once into a uint8 memmap (fast); ``False``: DataLoader
+            workers decode each file again every epoch; ``None`` (the default) caches unless
+            the cache would take more than 90% of the free disk space, and then streams and
+            says so. Either way the same uint8 images reach the device and are augmented there
+            alike.
         cache_dir: where cache files live; each is keyed by the files and settings.
-        cache_max_size: the largest side that ``cache: null`` caches.
         mean: per-channel mean in [0, 1]; computed from the training split when not given.
         std: per-channel standard deviation, likewise.
         skip_invalid: leave out unreadable files (counted and named in a warning) instead
@@ -83,6 +111,9 @@ class ImageFolderDataModule(ImageDataModule):
             ``root/train``, which must then be the same set. Evaluating a checkpoint, the CLI
             sets them to the trained ones, so a folder is labelled as the model was trained.
         crop_padding: reflect padding of the random crop, in pixels of the training size.
+        crop_scale: random-resized crops instead, from this range of the stored image's area
+            (e.g. [0.25, 1]); needs crop_padding 0. ``None``: off.
+        crop_ratio: their aspect ratio range (width / height), torchvision's by default.
         hflip: mirror training images at random.
         policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
             default (see ImageDataModule).
@@ -95,6 +126,7 @@ class ImageFolderDataModule(ImageDataModule):
         self,
         root: str,
         image_size: int | tuple[int, int] | None = None,
+        resize_size: int | tuple[int, int] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
         batch_size: int = 32,
         global_batch_size: int | None = None,
@@ -104,13 +136,14 @@ class ImageFolderDataModule(ImageDataModule):
         num_workers: int = 2,
         cache: bool | None = None,
         cache_dir: str = ".cache/images",
-        cache_max_size: int = 64,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         skip_invalid: bool = False,
         predict_path: str | list[str] | None = None,
         classes: list[str] | None = None,
         crop_padding: int = 4,
+        crop_scale: tuple[float, float] | None = None,
+        crop_ratio: tuple[float, float] = RATIO,
         hflip: bool = True,
         policy: Policy | None = None,
         random_erasing: float = 0.0,
@@ -125,6 +158,8 @@ class ImageFolderDataModule(ImageDataModule):
             crop_padding,
             hflip,
             global_batch_size,
+            crop_scale=crop_scale,
+            crop_ratio=crop_ratio,
             policy=policy,
             random_erasing=random_erasing,
             mixup_alpha=mixup_alpha,
@@ -139,7 +174,8 @@ class ImageFolderDataModule(ImageDataModule):
         self.image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
-        self.cache = max(self.image_size) <= cache_max_size if cache is None else cache
+        self._resize_size = resize_pair(resize_size, self.image_size, 1.0 if crop_scale is None else RESIZE_MARGIN)
+        self.cache = cache
         self.cache_dir = Path(cache_dir)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.split_seed, self.skip_invalid = split_seed, skip_invalid
@@ -151,6 +187,10 @@ class ImageFolderDataModule(ImageDataModule):
         self.split_files: dict[str, list[Path]] = {}
         self.class_names = list(classes) if classes else sorted(self.folders["train"])
         self.num_classes = len(self.class_names)
+
+    @property
+    def resize_size(self) -> tuple[int, int]:
+        return self._resize_size
 
     @property
     def has_test(self) -> bool:
@@ -204,11 +244,22 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
         """Unreadable files of one source folder: from the cache build, or from one checking pass."""
-        if not self.cache:
-            return load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
-        images, invalid = load_or_build(files, self.image_size, self.mode, self.cache_dir, self.num_workers, split)
-        self._arrays[split] = images
-        return invalid
+        if self.cache is not False:
+            try:
+                images, invalid = load_or_build(
+                    files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split
+                )
+            except CacheTooLarge as too_large:
+                if self.cache:
+                    raise CacheTooLarge(
+                        f"{too_large}; data.cache is true: free some space, set data.cache_dir to a disk with room, "
+                        "or set data.cache to null (stream what does not fit) or false"
+                    ) from None
+                rank_zero_warn(f"{too_large}, so {split} streams from the files instead (decoded every epoch)")
+            else:
+                self._arrays[split] = images
+                return invalid
+        return load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
 
     def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
         """Files, labels and the indices of the readable ones, for a source folder."""
@@ -287,14 +338,14 @@ class ImageFolderDataModule(ImageDataModule):
         self.split_files[split] = [files[index] for index in keep]
         if split == "predict":
             self.predict_ids = [str(path) for path in self.split_files[split]]
-        images = torch.from_numpy(np.asarray(self._arrays[source][keep])) if self.cache else None
+        images = torch.from_numpy(np.asarray(self._arrays[source][keep])) if source in self._arrays else None
         return images, torch.from_numpy(labels[keep])
 
     def make_dataset(self, split: str) -> Dataset:
         images, labels = self.load_split(split)
         if images is not None:
             return TensorImageDataset(images, labels)
-        return FileDataset(self.split_files[split], labels, self.image_size, self.mode)
+        return FileDataset(self.split_files[split], labels, self.resize_size, self.mode)
 
     def loader_workers(self, dataset: Dataset) -> int:
         # Indexing a memmap is a copy; worker processes would only add another (and IPC).
@@ -303,9 +354,9 @@ class ImageFolderDataModule(ImageDataModule):
     def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.given_stats is not None:
             return self.given_stats
-        if self.cache:
+        if isinstance(self.datasets["train"], TensorImageDataset):
             return super().normalization()
-        # Streaming: from an even sample of up to 2,000 training images, at the training size.
+        # Streaming: from an even sample of up to 2,000 training images, as stored (resize_size).
         files = self.datasets["train"].files  # this fold's, under k-fold cross-validation
         sample = files[:: max(1, len(files) // 2000)]
-        return channel_stats(torch.from_numpy(np.stack([decode(p, self.image_size, self.mode) for p in sample])))
+        return channel_stats(torch.from_numpy(np.stack([decode(p, self.resize_size, self.mode) for p in sample])))

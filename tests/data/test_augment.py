@@ -1,13 +1,20 @@
 import pytest
 import torch
+from torchvision.transforms import RandomResizedCrop
+from torchvision.transforms.v2 import functional as TF
 
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
     augment,
+    center_crop,
+    channel_stats,
+    crop_boxes,
     mix,
     normalize,
     random_crop,
     random_erasing,
     random_hflip,
+    resize_batch,
+    resize_each,
 )
 
 
@@ -107,3 +114,57 @@ def test_mix_gives_probability_labels_and_mixed_images(mixup_alpha, cutmix_alpha
     assert any(not torch.equal(mixed, batch) and soft.max() < 1 for mixed, soft in draws)
     plain = mix(batch, labels, 4, 0.0, 0.0)
     assert plain[0] is batch and plain[1] is labels
+
+
+@pytest.mark.parametrize("height, width", [(37, 37), (30, 90)], ids=["square", "wider than the ratios"])
+def test_crop_boxes_are_drawn_as_torchvision_draws_them(height, width):
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
+    torch.manual_seed(0)
+    ours = crop_boxes(4000, height, width, scale, ratio, torch.device("cpu")).float()
+    theirs = torch.tensor([RandomResizedCrop.get_params(torch.empty(1, height, width), list(scale), list(ratio))
+                           for _ in range(4000)]).float()  # fmt: skip
+    top, left, heights, widths = ours.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + heights <= height).all() and (left + widths <= width).all()
+    for measure in (
+        lambda boxes: boxes[:, 2:].prod(dim=1).mean() / (height * width),  # the share of the area
+        lambda boxes: (boxes[:, 3] / boxes[:, 2]).log().mean(),  # the aspect ratio
+        lambda boxes: (boxes[:, 0] / (height - boxes[:, 2] + 1)).mean(),  # the position
+    ):
+        assert float(measure(ours)) == pytest.approx(float(measure(theirs)), abs=0.02)
+
+
+def test_resized_crops_are_torchvisions_and_the_cpu_and_batched_ways_agree():
+    torch.manual_seed(0)
+    batch = torch.randint(0, 256, (32, 3, 23, 29), dtype=torch.uint8)
+    boxes = crop_boxes(32, 23, 29, (0.08, 1.0), (3 / 4, 4 / 3), torch.device("cpu"))
+    each = resize_each(batch, boxes, (20, 20))
+    expected = torch.stack([TF.resized_crop(image, *box.tolist(), [20, 20], antialias=False)
+                            for image, box in zip(batch, boxes)])  # fmt: skip
+    assert each.dtype == torch.uint8 and torch.equal(each, expected)
+    at_once = resize_batch(batch, boxes, (20, 20))  # the GPU's way, one grid_sample
+    assert at_once.dtype == torch.uint8 and (at_once.int() - each.int()).abs().max() <= 1
+
+
+def test_augment_with_crop_scale_gives_the_training_size_and_evaluation_the_centre():
+    batch = torch.randint(0, 256, (16, 3, 23, 23), dtype=torch.uint8)
+    torch.manual_seed(0)
+    augmented = augment(batch, 0, hflip=True, size=(20, 20), crop_scale=(0.25, 1.0))
+    assert augmented.shape == (16, 3, 20, 20) and augmented.dtype == torch.uint8
+    assert torch.equal(center_crop(batch, (20, 20)), batch[:, :, 2:22, 2:22])  # torchvision's rounding
+    assert not any(torch.equal(image, centre) for image, centre in zip(augmented, center_crop(batch, (20, 20))))
+    assert torch.equal(augment(batch, 0, hflip=False, size=(20, 20)), center_crop(batch, (20, 20)))
+    with pytest.raises(ValueError, match="smaller than the 24x24 to crop"):
+        center_crop(batch, (24, 24))
+
+
+def test_channel_stats_are_the_exact_mean_and_std_of_each_channel():
+    batch = torch.randint(0, 256, (7, 3, 5, 6), dtype=torch.uint8)
+    batch[:, 1] = 0  # a constant channel: std clamped, not zero
+    mean, std = channel_stats(batch, chunk=3)
+    pixels = batch.double().div(255).transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(mean, pixels.mean(dim=1).float())
+    torch.testing.assert_close(std[[0, 2]], pixels[[0, 2]].std(dim=1, correction=0).float())
+    assert std[1] == 1e-6
+    float_mean, float_std = channel_stats(batch.float())  # not uint8: summed instead, the same answer
+    torch.testing.assert_close(float_mean, mean)
+    torch.testing.assert_close(float_std, std)

@@ -54,7 +54,7 @@ def on_device(data: ImageFolderDataModule, batch: tuple, training: bool, seed: i
 
 
 def test_cached_and_streamed_paths_train_on_the_same_augmented_batches(image_folder, tmp_path):
-    # One config, one recipe: `cache` (or cache: null switching at cache_max_size) changes where
+    # One config, one recipe: `cache` (or cache: null streaming what would not fit the disk) changes where
     # images are decoded, never what the model trains on.
     loaded, trained = {}, {}
     for cache in (True, False):
