@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_warn
 
 from template.tracking import RUN_IDS, class_key, tracker_runs
 from template.untrusted import DamagedCheckpointError, check_config
@@ -78,6 +79,7 @@ def trained_config(
         if (data := recorded_datamodule(checkpoint)) is not None:
             config["data"] = data
     config.pop("ckpt_path", None)  # the checkpoint given is the one evaluated
+    drop_retired_data_options(config)
     class_names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
     data = config.get("data")
     if class_names and isinstance(data, dict) and "classes" in arguments_of(data.get("class_path")):
@@ -87,6 +89,24 @@ def trained_config(
         if isinstance(init_args, dict) and not init_args.get("classes"):
             init_args["classes"] = list(class_names)
     return config
+
+
+def drop_retired_data_options(config: dict) -> None:
+    """Leave out, with a warning, the DataModule options a run recorded that its class no longer takes
+    (a template update removed them: ``cache_max_size``, say): the rest of the run still evaluates."""
+    data = config.get("data")
+    init_args = data.get("init_args") if isinstance(data, dict) else None
+    cls = pkgutil.resolve_name(data["class_path"]) if isinstance(init_args, dict) and data.get("class_path") else None
+    if not isinstance(cls, type):
+        return
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return  # takes any option: its base class decides
+    retired = sorted(set(init_args) - {parameter.name for parameter in parameters})
+    if retired:
+        rank_zero_warn(f"the run's data options {', '.join(retired)} are no longer options of {cls.__name__}: left out")
+        for name in retired:
+            del init_args[name]
 
 
 def arguments_of(class_path: Any) -> set[str]:

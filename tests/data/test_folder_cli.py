@@ -98,3 +98,16 @@ def test_a_folder_of_train_and_val_alone_is_tested_on_a_share_held_out_of_train(
     fitted.print_summary(Path(fitted.trainer.log_dir))
     summary = capsys.readouterr().out
     assert "best checkpoint" in summary and "test --ckpt_path" not in summary
+
+
+def test_a_run_recording_a_data_option_since_removed_still_evaluates(run_cli, tmp_path):
+    root = write_image_folder(tmp_path / "images", per_class=8, splits=("train", "val", "test"))
+    data = ["--config", str(CONFIG), "--data.root", str(root), "--data.image_size", "12", "--data.num_workers", "0",
+            "--data.batch_size", "8", "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    fitted = run_cli("fit", *data, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2")
+    record = Path(fitted.trainer.log_dir) / "config.yaml"
+    # As a run before the template's photo cache recorded it: an option ImageFolderDataModule has lost.
+    record.write_text(record.read_text().replace("    channels: rgb\n", "    channels: rgb\n    cache_max_size: 64\n"))
+    with pytest.warns(UserWarning, match="cache_max_size are no longer options of ImageFolderDataModule"):
+        tested = run_cli("test", "--ckpt_path", "last")
+    assert "test/acc" in tested.trainer.callback_metrics
