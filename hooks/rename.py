@@ -53,7 +53,7 @@ _NAME_PATTERNS = [
     r"(?<=[\"'`])" + _WORD + r"(?=[\"'`*])",  # "template", 'template*', `template`
     r"^" + _WORD + r"(?= = \")",  # the console script entry in pyproject.toml
     r"(?<==)" + _WORD + r"$",  # a value: #SBATCH --job-name=template
-    _WORD + r"(?= (?:fit|validate|test|predict|doctor|export|lr-find|--help|-h)\b)",  # a command line
+    _WORD + r"(?= (?:fit|validate|test|predict|doctor|export|lr-find|sweep|cv|--help|-h)\b)",  # a command line
 ]
 NAME = re.compile("|".join(f"(?:{pattern})" for pattern in _NAME_PATTERNS), re.MULTILINE)
 

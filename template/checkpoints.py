@@ -244,25 +244,33 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
     """Start ``net`` from the weights in ``path`` (fine-tuning from a file), printing a report.
 
-    Every tensor that fits is loaded and the others are named. The classifier ``head`` (a module
-    name, such as ``fc``) keeps its fresh weights when the file's are another shape: another class
-    count. Another shape anywhere else, or no tensor in common, means the file holds another
-    network, which would silently train from scratch: an error naming the tensors.
+    Every tensor is loaded but the classifier ``head``'s (a module name, such as ``fc``), which keeps
+    its fresh weights when the file's are another shape (another class count) or absent. Anything
+    else that does not match (another shape, a tensor the network lacks or the file lacks, no tensor
+    in common) means the file holds another network (resnet34's weights for a resnet18 share the
+    first 120 tensors): an error naming the tensors, not a network half trained and half new.
     """
     state_dict = read_weights(path)
-    stripped, _, _, mismatched = match_keys(net, state_dict)
+    stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     in_common = set(stripped) & set(net.state_dict())
-    foreign = [key for key in mismatched if not key.startswith(f"{head}.")]
-    if foreign or not in_common:
-        found = f"other shapes for {', '.join(foreign[:10])}" if foreign else "no tensor of this network's names"
-        raise ValueError(
-            f"weights_file {path} is not of this network ({type(net).__name__}): {found}. Give the weights of the "
-            "same architecture as model.net, or the network they belong to"
+    outside_head = []  # (what, keys): the mismatches that are not the classifier's
+    for what, keys in (("other shapes", mismatched), ("not in the network", unexpected), ("not in the file", missing)):
+        if others := [key for key in keys if not key.startswith(f"{head}.")]:
+            outside_head.append((what, others))
+    if outside_head or not in_common:
+        found = "; ".join(
+            f"{len(keys)} {what} ({', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''})"
+            for what, keys in outside_head
         )
-    print(f"weights_file {path}: {len(in_common) - len(mismatched)} of {len(net.state_dict())} tensors loaded")
+        raise ValueError(
+            f"weights_file {path} is not of this network ({type(net).__name__}): {found or 'no tensor in common'}. "
+            "Give the weights of the same architecture as model.net, or choose the network they belong to"
+        )
+    loaded = len(in_common) - len(mismatched)
+    print(f"weights_file {path}: {loaded} of {len(net.state_dict())} tensors loaded")
     load_weights(net, stripped, strict=False)
-    if mismatched:
-        print(f"new head {head}: its {net.get_submodule(head)} replaces the file's, of another class count")
+    if mismatched or missing:
+        print(f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:

@@ -296,7 +296,9 @@ class ClassificationCLI(LightningCLI):
         net.init_args = Namespace(**arguments)
         config.data = data  # jsonargparse takes an instance as it is: built once
         try:
-            super().instantiate_classes()
+            with warnings.catch_warnings():  # jsonargparse tries to write the instance out, and says it cannot
+                warnings.filterwarnings("ignore", message=r"\s*Unable to serialize instance")
+                super().instantiate_classes()
         finally:
             config.data = data_config  # the configuration stays one of values (config.yaml)
         if hub:
@@ -363,7 +365,8 @@ class ClassificationCLI(LightningCLI):
                 *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
             ]
             # Only where `test` has images to read: a folder without test/ and test_fraction 0 has none.
-            if getattr(self.datamodule, "has_test", True):
+            # Nor in a sweep's trial or a fold of cv, each one of many runs: test the one chosen, once.
+            if getattr(self.datamodule, "has_test", True) and self.run_name is None:
                 lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}")
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
         configured = loggers_of(self.config.get(str(self.subcommand), self.config))[1:]

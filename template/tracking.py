@@ -65,6 +65,17 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
         for argument in ("experiment_name", "project"):  # MLflow's, W&B's
             if argument in init_args and not init_args[argument]:
                 init_args[argument] = name or "lightning_logs"  # Lightning's default
+        environment = os.environ.get("MLFLOW_TRACKING_URI")
+        if (
+            issubclass(cls, loggers.MLFlowLogger)
+            and init_args.get("run_id")
+            and init_args.get("tracking_uri")
+            and environment not in (None, "", init_args.get("tracking_uri"))
+        ):
+            rank_zero_warn(
+                f"MLflow run {init_args.run_id} goes on in {init_args.tracking_uri}, where the run began, not in "
+                f"MLFLOW_TRACKING_URI={environment}: a run lives in one store"
+            )
         if issubclass(cls, loggers.MLFlowLogger) and not init_args.get("tracking_uri"):
             init_args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{runs / 'mlflow.db'}"
             if init_args.tracking_uri.startswith("sqlite:") and not init_args.get("artifact_location"):

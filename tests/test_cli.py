@@ -58,10 +58,11 @@ def test_fit_validate_test_predict_round_trip(run_cli, capsys):
     assert rows[0]["sample"].startswith("digits[")
 
 
-def test_network_swapped_from_yaml_alone(run_cli, tmp_path):
+def test_network_swapped_from_yaml_alone(run_cli, tmp_path, recwarn):
     config = tmp_path / "resnet18.yaml"
     config.write_text("model:\n  net:\n    class_path: template.nets.ResNet18\n")
     trained = run_cli("fit", "--config", str(config), "--trainer.fast_dev_run", "true")
+    assert not [w for w in recwarn if "serialize" in str(w.message)]  # no jsonargparse noise in every command
     assert isinstance(trained.model.net, ResNet18)
     assert trained.model.net.head.out_features == 10 and trained.model.net.stem[0].in_channels == 1  # linked
     assert not (tmp_path / "checkpoints").exists()  # fast_dev_run leaves no stray last.ckpt

@@ -85,7 +85,10 @@ def test_weights_file_starts_the_network_and_its_checkpoint_evaluates_without_it
     net = run_cli("fit", *args).model.net
     report = capsys.readouterr().out
     assert f"weights_file {tmp_path / 'mine.ckpt'}: " in report
-    assert "head.weight (4, 128) vs (10, 128)" in report and "new head head:" in report
+    assert (
+        "head.weight (4, 128) vs (10, 128)" in report
+        and "new classifier (head): Linear(in_features=128, out_features=10" in report
+    )
     assert torch.allclose(net.stem[0].weight, source.stem[0].weight, atol=1e-6)  # started from the file
     assert net.head.out_features == 10  # the digits' head, not the file's
 
@@ -121,11 +124,15 @@ def test_weights_file_missing_or_of_another_network_is_refused_before_training(t
     assert not (tmp_path / "runs").exists()
 
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
-    with pytest.raises(ValueError, match=r"not of this network \(ResNetSmall\): no tensor of this network's names"):
+    with pytest.raises(ValueError, match=r"not of this network \(ResNetSmall\): \d+ not in the network \(bn1"):
         load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "resnet18.pth", "head")
     torch.save(ResNetSmall(num_classes=10, in_channels=3).state_dict(), tmp_path / "rgb.pth")  # another stem
-    with pytest.raises(ValueError, match=r"other shapes for stem.0.weight"):
+    with pytest.raises(ValueError, match=r"1 other shapes \(stem.0.weight\)"):
         load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "rgb.pth", "head")
+    # A deeper network of the same family shares its first tensors: half a network loaded is refused too.
+    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
+    with pytest.raises(ValueError, match=r"\(ResNet\): 96 not in the network \(layer1.2.bn1.bias"):
+        load_pretrained(torchvision.models.resnet18(num_classes=2), tmp_path / "resnet34.pth", "fc")
     torch.save({"not": "a state_dict"}, tmp_path / "other.pth")
     with pytest.raises(DamagedCheckpointError, match="holds no state_dict of named tensors"):
         load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "other.pth", "head")

@@ -15,6 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hooks"))
 from rename import GENERATOR, check_names, derive_package_name, first_commit, project_files, rename_text  # noqa: E402
 
+from template.cli import EXTRA_COMMANDS  # noqa: E402
+
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
 # The README's command for the first commit of a project made by `cruft create`.
 README_FIRST_COMMIT = re.search(r"`(cd my-project && git init [^`]*)`", (REPO / "README.md").read_text()).group(1)
@@ -45,6 +47,11 @@ def test_rename_changes_names_and_leaves_the_word_alone():
     )
     assert rename_text(renamed, "bird_watch") == renamed  # idempotent
     assert rename_text(text, "bird_watch") == renamed  # deterministic
+
+
+def test_rename_changes_every_command_of_the_program():
+    for command in ["fit", "validate", "test", "predict", *EXTRA_COMMANDS]:
+        assert rename_text(f"run `template {command} --help`", "bird_watch") == f"run `bird_watch {command} --help`"
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,7 @@ def test_the_sweep_and_cross_validate_commands_run_as_written(tmp_path, monkeypa
     refit = next(shlex.split(command)[1:] for command in COMMANDS if SWEEP_OUTPUT in command)
     main([*sweep, *quick, "--n_trials", "2"])
     assert len(list((tmp_path / "runs" / "optimizer").glob("trial_*/config.yaml"))) == 2
+    assert "test it, once" not in capsys.readouterr().out  # no trial's test split: the chosen one's, once
     main([*refit, *quick])
     assert len(list((tmp_path / "runs" / "optimizer").glob("version_0/checkpoints/best*"))) == 1
     cv = next(shlex.split(command)[1:] for command in COMMANDS if command.split()[1] == "cv")

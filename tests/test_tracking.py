@@ -70,6 +70,9 @@ def test_the_configuration_is_flattened_to_the_names_of_its_options():
     }
 
 
+ENV_URI = "http://127.0.0.1:5999"
+
+
 def test_a_tracker_logs_to_mlflow_tracking_uri_when_set_else_beside_the_run_directories(tmp_path, monkeypatch):
     def resolved(**init_args) -> Namespace:
         trackers = [Namespace(class_path=MLFLOW, init_args=Namespace(**init_args)),
@@ -82,9 +85,11 @@ def test_a_tracker_logs_to_mlflow_tracking_uri_when_set_else_beside_the_run_dire
     assert mlflow.init_args.tracking_uri == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     assert mlflow.init_args.experiment_name == "digits" and wandb.init_args.project == "digits"
     assert wandb.init_args.save_dir == str(tmp_path / "runs")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
-    assert resolved(tracking_uri=None)[0].init_args.tracking_uri == "http://127.0.0.1:5999"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", ENV_URI)
+    assert resolved(tracking_uri=None)[0].init_args.tracking_uri == ENV_URI
     assert resolved(tracking_uri="http://elsewhere:80")[0].init_args.tracking_uri == "http://elsewhere:80"
+    with pytest.warns(UserWarning, match="MLflow run 0a1b goes on in http://elsewhere:80, where the run began"):
+        assert resolved(tracking_uri="http://elsewhere:80", run_id="0a1b")[0].init_args.tracking_uri != ENV_URI
     # A resume given the tracker's --config again: the one that continues the recorded run, alone.
     recorded = Namespace(class_path=MLFLOW, init_args=Namespace(tracking_uri=None, run_id="0a1b"))
     again = Namespace(class_path=MLFLOW, init_args=Namespace(tracking_uri=None, run_id=None))

@@ -251,12 +251,16 @@ class ImageDataModule(L.LightningDataModule, ABC):
         """Train and val of this fold: one stratified, seeded k-fold cut of the two splits pooled."""
         pooled = join(self.make_dataset("train"), self.make_dataset("val"))
         labels = pooled.labels.numpy()
+        counts = np.bincount(labels, minlength=self.num_classes)
+        if counts.min() < self.folds:  # a fold without some class would validate nothing of it
+            smallest = int(counts.argmin())
+            raise ValueError(
+                f"data folds={self.folds}: class {self.class_names[smallest]!r} has {counts.min()} training and "
+                f"validation images, fewer than the folds, each of which needs one; use at most {counts.min()} folds"
+            )
         seed = getattr(self, "split_seed", 0)  # the sources' seed of their splits, when they have one
-        try:
-            cuts = StratifiedKFold(self.folds, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
-            train, val = list(cuts)[self.fold]
-        except ValueError as error:  # more folds than a class has images
-            raise ValueError(f"data folds={self.folds} cannot cut {len(labels)} images: {error}") from None
+        cuts = StratifiedKFold(self.folds, shuffle=True, random_state=seed).split(np.zeros(len(labels)), labels)
+        train, val = list(cuts)[self.fold]
         self.fold_indices = {"train": train, "val": val}
         self.datasets["train"], self.datasets["val"] = pooled.subset(train), pooled.subset(val)
 

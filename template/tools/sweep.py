@@ -21,6 +21,7 @@ import argparse
 import csv
 import io
 import math
+import shlex
 import sys
 import time
 import warnings
@@ -140,6 +141,24 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
     return study
 
 
+def same_study(study: optuna.Study, space: dict, fit_args: list[str]) -> None:
+    """A study is one search: another space is refused, other fit options (another machine's
+    num_workers, say) are said. The first worker records both."""
+    recorded = study.user_attrs
+    if "space" not in recorded:
+        study.set_user_attr("space", space)
+        study.set_user_attr("fit_options", fit_args)
+        return
+    if recorded["space"] != space:
+        raise ValueError(
+            f"study {study.study_name} searches another space ({sorted(recorded['space'])}): its trials would not "
+            "compare; give this one another --study_name, or the space the study was started with"
+        )
+    if recorded.get("fit_options") != fit_args:
+        print(f"note: study {study.study_name} was started with the fit options {shlex.join(recorded['fit_options'])}; "
+              f"this worker's are {shlex.join(fit_args)}", file=sys.stderr)  # fmt: skip
+
+
 def tally(study: optuna.Study) -> tuple[int, int, int]:
     """Trials finished (completed or pruned), running, and waiting to be taken (enqueued)."""
     states = [trial.state for trial in study.get_trials(deepcopy=False)]
@@ -201,7 +220,8 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
         table.add_row(
             *(f"{cell:.4g}" if isinstance(cell, float) else str(cell) for cell in row[:-1]), Path(row[-1]).name
         )
-    console = Console(soft_wrap=True)
+    # Whole values in a log (a SLURM job's, say): a terminal's width only where there is one.
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     console.print(table)
     try:
         best = study.best_trial
@@ -283,6 +303,7 @@ def main(args: list[str]) -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # fail_stale_trials, heartbeats
     storage_url = options.storage or f"sqlite:///{runs_dir / 'optuna.db'}"
     study = open_study(options, storage_url, "maximize" if mode == "max" else "minimize")
+    same_study(study, space, fit_args)
     print(f"study {options.study_name} in {storage_url} (optuna-dashboard {storage_url})", file=sys.stderr)
     run_study(study, options, fit_args, space, monitor, runs_dir)
     report(study, runs_dir / options.study_name, monitor)

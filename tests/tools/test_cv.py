@@ -69,6 +69,12 @@ def test_streamed_image_folders_cut_folds_of_files(image_folder):
     assert images.dtype == torch.uint8 and images.shape[1:] == (3, 8, 8)
 
 
+def test_more_folds_than_a_class_has_images_names_the_class_and_the_most_folds_possible(image_folder):
+    data = ImageFolderDataModule(str(image_folder), image_size=8, folds=13, num_workers=0, cache=False)
+    with pytest.raises(ValueError, match=r"folds=13: class 'cat' has 12 .* use at most 12 folds"):
+        data.setup("fit")
+
+
 @pytest.mark.parametrize("folds, fold", [(1, 0), (3, 3), (3, -1)])
 def test_impossible_folds_are_refused_naming_both_values(folds, fold):
     with pytest.raises(ValueError, match=f"folds={folds}, fold={fold}"):

@@ -143,3 +143,16 @@ def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
     assert "os.system" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "lr" / "best.yaml").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_a_study_started_with_another_space_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    (tmp_path / "runs").mkdir()
+    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
+                                direction="maximize")  # fmt: skip
+    study.set_user_attr("space", {"model.init_args.label_smoothing": {"type": "float", "low": 0.0, "high": 0.2}})
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
+    assert "study lr searches another space (['model.init_args.label_smoothing'])" in capsys.readouterr().err
+    assert load(tmp_path, "lr").get_trials() == []
