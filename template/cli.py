@@ -43,7 +43,12 @@ from template.checkpoints import (
 from template.data import ImageDataModule
 from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
-from template.nets.pretrained import check_cached, head_name, replace_head, weights_of
+from template.nets.pretrained import (  # one name a line: a renamed project's longer package name fits
+    check_cached,
+    head_name,
+    replace_head,
+    weights_of,
+)
 from template.nets.shape import check_fits, network_arguments
 from template.runs import (
     continue_run_directory,

@@ -21,7 +21,11 @@ from jsonargparse import Namespace
 from template.cli import PROGRAM
 from template.runs import trained_config
 from template.tracking import TRACKER_RUNS, flattened, resolve_trackers, tracker_runs
-from template.untrusted import DamagedCheckpointError, UnsafeCheckpointError, check_config
+from template.untrusted import (  # one name a line: a renamed project's longer package name fits
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    check_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"

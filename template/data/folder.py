@@ -9,7 +9,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
 from template.data.augment import RATIO, Policy, channel_stats
-from template.data.base import ImageDataModule, Split, image_size_pair, stratified_split
+from template.data.base import (  # one name a line: a renamed project's longer package name fits
+    ImageDataModule,
+    Split,
+    image_size_pair,
+    stratified_split,
+)
 from template.data.cache import CacheTooLarge, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 

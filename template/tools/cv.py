@@ -17,7 +17,13 @@ from pathlib import Path
 from rich.console import Console
 
 from template.cli import PROGRAM
-from template.tools.fits import fit, monitored, resolved_config, runs_place, write_atomically
+from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
+    fit,
+    monitored,
+    resolved_config,
+    runs_place,
+    write_atomically,
+)
 
 
 def next_cv_dir(run_root: Path) -> Path:

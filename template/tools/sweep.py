@@ -42,7 +42,13 @@ try:
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
-from template.tools.fits import fit, monitored, resolved_config, runs_place, write_atomically
+from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
+    fit,
+    monitored,
+    resolved_config,
+    runs_place,
+    write_atomically,
+)
 from template.untrusted import check_config
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
