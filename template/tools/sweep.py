@@ -21,6 +21,7 @@ import argparse
 import csv
 import io
 import math
+import random
 import shlex
 import sys
 import time
@@ -38,6 +39,7 @@ from template.module import ClassificationModule
 
 try:
     import optuna
+    import sqlalchemy
     from optuna.trial import TrialState
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
@@ -59,7 +61,8 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
 }
 # The class whose arguments each section of a configuration holds (ClassificationCLI.sections).
 SECTIONS = {"trainer": L.Trainer, "model": ClassificationModule, **CALLBACKS}
-POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
+POLL_SECONDS = 2.0
+STORAGE_TRIES = 5  # how often a worker with nothing left to start looks at the others' trials
 
 
 class Surplus(Exception):
@@ -127,12 +130,21 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
         Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # SQLite lets one writer in at a time; the others wait for it rather than fail at once.
     engine_kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
-    storage = optuna.storages.RDBStorage(
-        storage_url,
-        engine_kwargs=engine_kwargs,
-        heartbeat_interval=options.heartbeat_interval,
-        grace_period=options.grace_period,
-    )
+    for attempt in range(STORAGE_TRIES):
+        try:
+            storage = optuna.storages.RDBStorage(
+                storage_url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=options.heartbeat_interval,
+                grace_period=options.grace_period,
+            )
+            break
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+            # Workers started together on a new database each create its tables ("table ... already
+            # exists", a duplicate schema version, for all but one): the next try finds them made.
+            if attempt == STORAGE_TRIES - 1:
+                raise
+            time.sleep(0.2 + random.random())
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=options.n_startup_trials, n_warmup_steps=options.n_warmup_steps
     )
