@@ -200,7 +200,8 @@ def main() -> None:
         print(
             f"(d) strong policy here, cached + batched: {strong_rate:,.0f} images/s ({seen_d} images in {time_d:.1f} s)"
         )
-        print(f"ratio (d)/(c): {strong_rate / strong_baseline:.1f}x (target 5x)")
+        # The strong policy's 5x target is the 32 px one (issue 15); photos have theirs in (b)/(a).
+        print(f"ratio (d)/(c): {strong_rate / strong_baseline:.1f}x" + ("" if photos else " (target 5x)"))
 
 
 if __name__ == "__main__":
