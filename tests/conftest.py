@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from template.cli import cli
 
@@ -65,3 +66,17 @@ def write_image_folder(root: Path, classes=("cat", "dog", "owl"), per_class=12, 
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return write_image_folder(tmp_path / "images", splits=("train", "test"))
+
+
+class FakeTrainer:
+    """What a DataModule's batch hook reads of its Trainer: whether it is training."""
+
+    def __init__(self, training: bool) -> None:
+        self.training = training
+
+
+def on_device(data, batch: tuple, training: bool, seed: int = 0):
+    """``batch`` as the model gets it: through the DataModule's hook, in training or not."""
+    data.trainer = FakeTrainer(training)
+    torch.manual_seed(seed)
+    return data.on_after_batch_transfer(batch, 0)[0]

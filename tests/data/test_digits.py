@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import FakeTrainer
 from torch.utils.data import SequentialSampler
 
 from template.data import DigitsDataModule, stratified_split
@@ -102,11 +103,6 @@ def test_batch_larger_than_the_train_split_is_refused():
     data.setup("fit")
     with pytest.raises(ValueError, match="batch_size=5000"):
         data.train_dataloader()
-
-
-class FakeTrainer:
-    def __init__(self, training: bool) -> None:
-        self.training = training
 
 
 def test_batch_hook_augments_in_training_and_only_normalises_otherwise():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import write_image_folder
+from conftest import FakeTrainer, on_device, write_image_folder
 from PIL import Image
 
 from template.data import ImageFolderDataModule
@@ -39,18 +39,6 @@ def test_both_paths_give_train_val_and_test_batches(image_folder, tmp_path, cach
     data.setup("test")
     assert len(data.datasets["test"]) == 36
     assert len(data.mean) == 3 and torch.all(data.std > 0)
-
-
-class FakeTrainer:
-    def __init__(self, training: bool) -> None:
-        self.training = training
-
-
-def on_device(data: ImageFolderDataModule, batch: tuple, training: bool, seed: int = 0) -> torch.Tensor:
-    """``batch`` as the model gets it: through the DataModule's hook, in training or not."""
-    data.trainer = FakeTrainer(training)
-    torch.manual_seed(seed)
-    return data.on_after_batch_transfer(batch, 0)[0]
 
 
 def test_cached_and_streamed_paths_train_on_the_same_augmented_batches(image_folder, tmp_path):

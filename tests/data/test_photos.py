@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import on_device
 from PIL import Image, ImageDraw, ImageOps
 
 import template.data.cache as cache_module
@@ -49,17 +50,6 @@ def photos(tmp_path: Path) -> Path:
 def module(root: Path, tmp_path: Path, **kwargs) -> ImageFolderDataModule:
     settings = {**PHOTOS, "batch_size": 8, "num_workers": 0, "cache_dir": str(tmp_path / "cache")}
     return ImageFolderDataModule(str(root), **{**settings, **kwargs})
-
-
-class FakeTrainer:
-    def __init__(self, training: bool) -> None:
-        self.training = training
-
-
-def on_device(data: ImageFolderDataModule, batch: tuple, training: bool, seed: int = 0) -> torch.Tensor:
-    data.trainer = FakeTrainer(training)
-    torch.manual_seed(seed)
-    return data.on_after_batch_transfer(batch, 0)[0]
 
 
 def test_cached_and_streamed_training_draw_the_same_crops_from_one_config(photos, tmp_path):

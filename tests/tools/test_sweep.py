@@ -128,12 +128,17 @@ def test_a_trial_is_one_process_and_more_devices_are_refused_naming_the_way_to_u
             one_process({"trainer": {"devices": devices, "num_nodes": nodes}})
 
 
-def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_written(tmp_path, monkeypatch, capsys):
+def started_study(tmp_path: Path, monkeypatch) -> optuna.Study:
+    """An empty study of lr.yaml's name in tmp_path's runs folder, as a worker elsewhere would have made it."""
     monkeypatch.chdir(tmp_path)
     space_file(tmp_path)
     (tmp_path / "runs").mkdir()
-    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
-                                direction="maximize")  # fmt: skip
+    return optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
+                               direction="maximize")  # fmt: skip
+
+
+def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_written(tmp_path, monkeypatch, capsys):
+    study = started_study(tmp_path, monkeypatch)
     planted = "model:\n  class_path: os.system\n  init_args: {command: touch pwned}\n"
     study.add_trial(optuna.trial.create_trial(
         params={"model.optimizer.init_args.lr": 1e-3}, value=1.0, user_attrs={"config": planted},
@@ -146,11 +151,7 @@ def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_
 
 
 def test_a_study_started_with_another_space_is_refused_naming_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    space_file(tmp_path)
-    (tmp_path / "runs").mkdir()
-    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
-                                direction="maximize")  # fmt: skip
+    study = started_study(tmp_path, monkeypatch)
     study.set_user_attr("space", {"model.init_args.label_smoothing": {"type": "float", "low": 0.0, "high": 0.2}})
     with pytest.raises(SystemExit):
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
