@@ -139,12 +139,17 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
                 grace_period=options.grace_period,
             )
             break
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as error:
             # Workers started together on a new database each create its tables ("table ... already
             # exists", a duplicate schema version, for all but one): the next try finds them made.
             if attempt == STORAGE_TRIES - 1:
-                raise
+                raise ValueError(f"--storage {storage_url}: {str(error).splitlines()[0]}") from None
             time.sleep(0.2 + random.random())
+        except (sqlalchemy.exc.ArgumentError, ImportError) as error:  # no such dialect, or its driver missing
+            raise ValueError(
+                f"--storage {storage_url}: {error}; give a database URL SQLAlchemy knows, with its driver installed "
+                "(sqlite:///path/optuna.db; postgresql://user:password@host/db with psycopg)"
+            ) from None
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=options.n_startup_trials, n_warmup_steps=options.n_warmup_steps
     )

@@ -157,3 +157,12 @@ def test_a_study_started_with_another_space_is_refused_naming_it(tmp_path, monke
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
     assert "study lr searches another space (['model.init_args.label_smoothing'])" in capsys.readouterr().err
     assert load(tmp_path, "lr").get_trials() == []
+
+
+def test_a_storage_url_that_cannot_be_opened_is_named_with_what_to_give(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--storage", "nosuchdb://host/optuna"])
+    err = capsys.readouterr().err
+    assert "--storage nosuchdb://host/optuna: " in err and "give a database URL SQLAlchemy knows" in err
