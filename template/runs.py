@@ -129,10 +129,11 @@ def without_data_options(argv: list[str]) -> list[str]:
 
 
 def is_tensorboard(logger: Any) -> bool:
-    return isinstance(logger, Namespace) and logger.get("class_path", "").endswith("TensorBoardLogger")
+    """Whether a logger's configuration, parsed (a Namespace) or as YAML holds it (a dict), is TensorBoard's."""
+    return isinstance(logger, Namespace | dict) and str(logger.get("class_path", "")).endswith("TensorBoardLogger")
 
 
-def loggers_of(config: Namespace) -> list:
+def loggers_of(config: Namespace | dict) -> list:
     """The configured loggers, as a list: the first writes the run directory, any others are trackers."""
     logger = config.get("trainer", {}).get("logger")
     return list(logger) if isinstance(logger, list | tuple) else [logger]
@@ -146,7 +147,7 @@ def continue_run_directory(ckpt_path: str, logger: Namespace) -> None:
         logger.init_args.version = run_dir.name
 
 
-def runs_dir(config: Namespace) -> str:
+def runs_dir(config: Namespace | dict) -> str:
     """Where the configured TensorBoard logger writes its runs."""
     logger = loggers_of(config)[0]
     if is_tensorboard(logger):

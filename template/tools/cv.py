@@ -17,12 +17,12 @@ from pathlib import Path
 from rich.console import Console
 
 from template.cli import PROGRAM
+from template.data.cache import write_atomic
 from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
     fit,
     monitored,
     resolved_config,
     runs_place,
-    write_atomically,
 )
 
 
@@ -73,7 +73,7 @@ def main(args: list[str]) -> None:
     rows += [[fold, f"{r.score:.6f}", r.run_dir, r.best_checkpoint] for fold, r in enumerate(folds)]
     rows += [["mean", f"{mean:.6f}", "", ""], ["std", f"{std:.6f}", "", ""]]
     csv.writer(text).writerows(rows)
-    write_atomically(cv_dir / "cv.csv", text.getvalue())
+    write_atomic(cv_dir / "cv.csv", text.getvalue())
     console = Console(soft_wrap=True)
     console.rule(f"{options.folds}-fold cross-validation")
     for fold, score in enumerate(scores):

@@ -3,7 +3,6 @@ run, in a run directory of its own, with its config.yaml, env.json and checkpoin
 
 import contextlib
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template.callbacks.run_record import run_directory
 from template.cli import cli
-from template.runs import DEFAULT_RUNS_DIR
+from template.runs import DEFAULT_RUNS_DIR, is_tensorboard, loggers_of, runs_dir
 
 
 @dataclass
@@ -37,17 +36,17 @@ def resolved_config(fit_args: list[str]) -> dict:
 
 
 def runs_place(config: dict) -> tuple[Path, str]:
-    """The runs folder and run name of the TensorBoard logger a configuration writes with."""
-    logger = (config.get("trainer") or {}).get("logger")
-    loggers = logger if isinstance(logger, list) else [logger]
-    for each in loggers:
-        if isinstance(each, dict) and str(each.get("class_path", "")).endswith("TensorBoardLogger"):
-            init_args = each.get("init_args") or {}
-            return Path(init_args.get("save_dir") or DEFAULT_RUNS_DIR).resolve(), init_args.get("name") or "default"
-    raise ValueError(
-        "sweep and cv place each run under the TensorBoard logger's save_dir; this configuration has none "
-        "(trainer.logger): keep lightning.pytorch.loggers.TensorBoardLogger among the loggers"
-    )
+    """The runs folder and run name of the TensorBoard logger a configuration writes with: the first
+    logger, as the CLI places the runs (``ClassificationCLI.run_name``)."""
+    logger = loggers_of(config)[0]
+    if not is_tensorboard(logger):
+        raise ValueError(
+            "sweep and cv place each run under the TensorBoard logger's save_dir; this configuration's first "
+            "logger (trainer.logger) is not lightning.pytorch.loggers.TensorBoardLogger: keep it first"
+        )
+    return Path(runs_dir(config) or DEFAULT_RUNS_DIR).resolve(), (logger.get("init_args") or {}).get(
+        "name"
+    ) or "default"
 
 
 def monitored(config: dict) -> tuple[str, str]:
@@ -67,11 +66,3 @@ def fit(fit_args: list[str], run_name: tuple[str, str], callbacks: tuple = ()) -
         raise ValueError("the run kept no best checkpoint (trainer.enable_checkpointing false?): nothing to compare")
     score = None if best.best_model_score is None else float(best.best_model_score)
     return Fit(score, best.monitor, str(run_directory(trainer)), best.best_model_path)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Several workers may write the same report at the end: each writes it whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text)
-    partial.replace(path)

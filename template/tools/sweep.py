@@ -44,13 +44,14 @@ try:
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
+from template.data.cache import write_atomic
 from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
     fit,
     monitored,
     resolved_config,
     runs_place,
-    write_atomically,
 )
+from template.tracking import RUN_IDS
 from template.untrusted import check_config
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -235,7 +236,8 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
                      *(trial.params.get(name, "") for name in names), trial.user_attrs.get("run_dir", "")])  # fmt: skip
     text = io.StringIO()
     csv.writer(text).writerows([header, *rows])
-    write_atomically(out_dir / "trials.csv", text.getvalue())
+    out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
+    write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
     table = Table("trial", "state", monitor, *(short if len(set(short)) == len(short) else names), "run",
                   title=f"study {study.study_name} ({out_dir})")  # fmt: skip
@@ -258,11 +260,12 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
     logger = (config.get("trainer") or {}).get("logger")
     for each in logger if isinstance(logger, list) else [logger]:
         if isinstance(each, dict) and isinstance(each.get("init_args"), dict):
-            each["init_args"].pop("version", None)  # a refit is a run of its own
+            for argument in RUN_IDS:  # a refit is a run of its own: a run directory, and tracker runs
+                each["init_args"].pop(argument, None)
     config.pop("ckpt_path", None)
     head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
     head += f"{best.user_attrs.get('run_dir')})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
-    write_atomically(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
+    write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
     console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}", highlight=False)
     console.print(f"its config       {out_dir / 'best.yaml'}", highlight=False)
     console.print(f"all trials       {out_dir / 'trials.csv'}", highlight=False)
