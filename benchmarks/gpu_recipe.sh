@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CIFAR-10 to 94% on one CUDA GPU with configs/cifar10_fast.yaml: time to the first epoch at
 # >= 94% validation accuracy, training images/s, and the final model's test accuracy (the test
-# split is used once, after training). Prints the date, GPU, versions and settings beside them.
+# split is used once, after training). Prints the date, GPU, versions and settings beside them,
+# then the host syncs of 40 more training steps, by source (benchmarks/host_syncs.py).
 #
 #   bash benchmarks/gpu_recipe.sh --data-root DIR   # DIR/cifar-10-batches-py/, or DIR/train/<class>/*.jpg
 #   bash benchmarks/gpu_recipe.sh --smoke           # CPU, tiny generated images, one epoch: the script works
@@ -86,3 +87,12 @@ print(f"fit:      {float(sys.argv[4]) - float(sys.argv[3]):.1f} s wall, start-up
 print(f"speed:    {speed:,.0f} training images/s (best epoch)")
 print(f"test/acc: {test.group(1) if test else 'not found'} (final model, test split used once)")
 EOF
+
+# Every host sync of 40 steps, by source: none should be paid by every step (the dispatch
+# probe slows these steps; the figures above are from the fit without it).
+"$PYTHON" benchmarks/host_syncs.py --config configs/cifar10_fast.yaml "${data[@]}" "${quiet[@]}" \
+  --trainer.max_epochs 1 --trainer.limit_train_batches 40 --trainer.limit_val_batches 1 "${extra[@]}" \
+  > "$work/syncs.log" 2>&1 && syncs="none paid by every step" || syncs="SOME PAID BY EVERY STEP (above)"
+grep -q "^host syncs over" "$work/syncs.log" || { tail -40 "$work/syncs.log"; exit 1; }
+sed -n '/^host syncs over/,$p' "$work/syncs.log"
+echo "syncs:    $syncs"

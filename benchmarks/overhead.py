@@ -22,6 +22,7 @@ differences of whole-run wall times. So, two ways of measuring:
        per step         = (D(n) - D(n/4)) / (3n/4)     (blurred by the fixed costs' noise)
        per epoch, fixed = D(n) - n * per step
        ratio (b)/(a)    = 1 + D(n) / (a)'s epoch time: what a long run costs, start-up aside.
+   Bare Lightning's ratio is paired the same way: what Lightning's loop alone costs, for scale.
 2. Separate runs, (a) and (b) alternating, at three lengths: E and 2E full epochs and E epochs
    of a quarter of the steps, with T a whole run's wall time:
        per step  = (T(E, n) - T(E, n/4)) / (E 3n/4)
@@ -307,7 +308,9 @@ def measure(setting: str, epochs: int, repeats: int, pairs: int) -> dict:
         "pairs": pairs,
         "ratio": 1 + statistics.median(full["epoch"]) / statistics.median(full["plain_epoch"]),
     }
-    result["bare"] = spread(paired_epochs(setting, pairs + 2, steps, bare_fit)["step"])
+    bare = paired_epochs(setting, pairs + 2, steps, bare_fit)
+    result["bare"] = spread(bare["step"])
+    result["bare"]["ratio"] = 1 + statistics.median(bare["epoch"]) / statistics.median(bare["plain_epoch"])
     return result
 
 
@@ -345,7 +348,8 @@ def main() -> None:
         )
         print(
             f"{setting} bare Lightning, for scale: {bare['median']:.3f} ms a step over the plain loop "
-            f"(quartiles {bare['low']:.3f} to {bare['high']:.3f}), from paired step intervals"
+            f"(quartiles {bare['low']:.3f} to {bare['high']:.3f}), from paired step intervals; ratio per epoch "
+            f"{bare['ratio']:.3f} from paired epochs"
         )
         print(
             f"{setting} ratio (b)/(a) per epoch: {paired['ratio']:.3f} from paired epochs; from separate runs "

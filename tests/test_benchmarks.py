@@ -58,4 +58,30 @@ def test_gpu_recipe_runs_end_to_end_on_the_cpu_with_smoke():
     assert "configs/cifar10_fast.yaml" in result.stdout and "versions: torch" in result.stdout
     assert re.search(r"to 94%: +(not reached|[\d.]+ s of epochs)", result.stdout)
     assert re.search(r"speed: +[\d,]+ training images/s", result.stdout)
+    assert re.search(r"host syncs over \d+ training steps", result.stdout)
+    assert "syncs:    none paid by every step" in result.stdout
     assert re.search(r"test/acc: [\d.]+ \(final model", result.stdout)
+
+
+def host_syncs(*options: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "benchmarks/host_syncs.py", "--config", "configs/cifar10_fast.yaml", "--smoke", *options]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cifar10_fast_makes_no_host_sync_per_step():
+    result = host_syncs()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "host syncs over 24 training steps" in result.stdout
+    assert "steps with a sync that is not periodic: 0" in result.stdout
+    # The probe sees syncs at all: Lightning reads the logged values back at its logging step.
+    assert re.search(r"1 steps  logging steps +_local_scalar_dense from \S+ to_item  \(steps 19\)", result.stdout)
+
+
+@pytest.mark.slow
+def test_host_sync_probe_names_a_sync_every_step_pays():
+    result = host_syncs("--nonfinite.check_every_n_steps", "1")  # the NaN guard looks before every step
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"24 steps  PER STEP +_local_scalar_dense from nonfinite.py:\d+ on_before_optimizer_step",
+                     result.stdout)  # fmt: skip
+    assert "steps with a sync that is not periodic: 22" in result.stdout  # all but the first and the logging step
