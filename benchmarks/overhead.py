@@ -1,6 +1,6 @@
 """What `template fit` costs over the plain PyTorch loop a careful user writes by hand.
 
-    python benchmarks/overhead.py                 # every setting (~10 min, 2 cores)
+    python benchmarks/overhead.py                 # every setting (~20 min, 2 cores)
     python benchmarks/overhead.py --repeats 1 --epochs 2 --settings linear   # a quick look
 
 Both train the same network on the same in-memory data for the same optimizer steps:
@@ -322,13 +322,13 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--epochs", type=int, help="E, the separate runs' epochs (default: 6; batch128 2)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating repeats of the separate runs")
-    parser.add_argument("--pairs", type=int, help="paired epochs (default: 40; batch128 6)")
+    parser.add_argument("--pairs", type=int, help="paired epochs (default: 40; batch128 12)")
     options = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
           f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")  # fmt: skip
     for setting in options.settings:
         epochs = options.epochs or SETTINGS[setting]["epochs"]
-        pairs = options.pairs or (6 if setting == "batch128" else 40)
+        pairs = options.pairs or (12 if setting == "batch128" else 40)
         result = measure(setting, epochs, options.repeats, pairs)
         a, b, overhead, paired, bare = (result[key] for key in ("a", "b", "overhead", "paired", "bare"))
         print(f"\n{setting}: {result['steps']} steps an epoch; separate runs (short ones {result['short']} steps an "

@@ -19,7 +19,6 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from rich.console import Console
 
@@ -337,10 +336,11 @@ class ClassificationCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
-            # Written by a thread from a copy of the tensors: training goes on while the file is
-            # digested, written and fsynced (~30 ms a checkpoint, two an epoch when the best improves).
-            # The fit waits for the last write before it returns, and raises a failed write's error.
-            trainer.strategy.checkpoint_io = AsyncCheckpointIO(AtomicCheckpointIO())
+            # Written in the training thread, not by Lightning's AsyncCheckpointIO: ModelCheckpoint
+            # deletes the previous best as soon as it has saved the new one, and a write still in
+            # flight then leaves no best checkpoint to a crash. (On a CPU-bound machine a writer
+            # thread also only moves the ~15 ms of a write into the next steps.)
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if self.subcommand != "predict":
             # It writes predictions and nothing else; elsewhere it would only add calls to every step.
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,56 @@ def test_a_failed_save_says_so_and_keeps_the_previous_file(tmp_path, monkeypatch
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_the_previous_best_is_removed_only_once_the_new_best_is_on_disk(run_cli, monkeypatch):
+    """ModelCheckpoint deletes the previous best right after it saves the new one: a write still in
+    flight then (a writer thread on a slow disk) would leave no best checkpoint to a crash."""
+    save, on_disk_at_removal = AtomicCheckpointIO.save_checkpoint, []
+
+    def slow_disk(self, checkpoint, path, storage_options=None):
+        time.sleep(0.2)
+        save(self, checkpoint, path, storage_options)
+
+    def remove(self, path):
+        others = [p.name for p in Path(path).parent.glob("best-*.ckpt") if p.name != Path(path).name]
+        on_disk_at_removal.append(others)
+        Path(path).unlink(missing_ok=True)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", slow_disk)
+    monkeypatch.setattr(AtomicCheckpointIO, "remove_checkpoint", remove)
+    # epoch as the monitor: every epoch is a new best, so every epoch removes the one before.
+    run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+            "--checkpoint.monitor", "epoch", "--checkpoint.mode", "max")  # fmt: skip
+    assert on_disk_at_removal == [["best-epoch001.ckpt"], ["best-epoch002.ckpt"]]
+
+
+def test_a_checkpoint_saved_again_unchanged_is_a_link_and_any_change_is_written(tmp_path):
+    io, weight = AtomicCheckpointIO(), torch.zeros(100_000)  # over the size whose bytes are compared
+    checkpoint = {"state_dict": {"weight": weight}, "rng": torch.get_rng_state(), "epoch": 1}
+    io.save_checkpoint(checkpoint, tmp_path / "best.ckpt")
+    io.save_checkpoint({**checkpoint, "rng": torch.get_rng_state()}, tmp_path / "last.ckpt")  # a new, equal tensor
+    assert os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
+    weight.add_(1)  # in place: the same memory, a new version
+    io.save_checkpoint(checkpoint, tmp_path / "last.ckpt")
+    assert not os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
+    assert torch.load(tmp_path / "last.ckpt")["state_dict"]["weight"][0] == 1
+    assert torch.load(tmp_path / "best.ckpt")["state_dict"]["weight"][0] == 0  # the earlier file is untouched
+    io.save_checkpoint({**checkpoint, "epoch": 2}, tmp_path / "other.ckpt")  # a plain value changed
+    assert not os.path.samefile(tmp_path / "last.ckpt", tmp_path / "other.ckpt")
+
+
+def test_an_improving_epoch_writes_one_file_for_its_best_and_last_checkpoints(run_cli):
+    run_cli("fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+            "--checkpoint.monitor", "epoch", "--checkpoint.mode", "max")  # fmt: skip
+    folder = run_cli.runs_dir / "digits" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best-epoch001.ckpt", "last.ckpt"]
+    assert os.path.samefile(folder / "best-epoch001.ckpt", folder / "last.ckpt")
+    run_cli("fit", "--ckpt_path", str(folder / "last.ckpt"), "--trainer.max_epochs", "3",
+            "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == ["best-epoch002.ckpt", "last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 2  # resumed from the linked file
+    assert os.path.samefile(folder / "best-epoch002.ckpt", folder / "last.ckpt")
 
 
 class Payload:
