@@ -90,8 +90,8 @@ EOF
 
 # Every host sync of 40 steps, by source: none should be paid by every step (the dispatch
 # probe slows these steps; the figures above are from the fit without it).
-"$PYTHON" benchmarks/host_syncs.py --config configs/cifar10_fast.yaml "${data[@]}" "${quiet[@]}" \
-  --trainer.max_epochs 1 --trainer.limit_train_batches 40 --trainer.limit_val_batches 1 "${extra[@]}" \
+"$PYTHON" benchmarks/host_syncs.py --config configs/cifar10_fast.yaml "${data[@]}" "${quiet[@]}" "${extra[@]}" \
+  --trainer.max_epochs 1 --trainer.limit_train_batches 40 --trainer.limit_val_batches 1 \
   > "$work/syncs.log" 2>&1 && syncs="none paid by every step" || syncs="SOME PAID BY EVERY STEP (above)"
 grep -q "^host syncs over" "$work/syncs.log" || { tail -40 "$work/syncs.log"; exit 1; }
 sed -n '/^host syncs over/,$p' "$work/syncs.log"

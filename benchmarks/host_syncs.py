@@ -6,10 +6,13 @@
 A host sync is an operation the CPU cannot return from before the device has caught up: reading
 a value back (`.item()`, `bool(t)`, `.tolist()`, all `aten._local_scalar_dense`), an operation
 whose output size depends on the data (`nonzero`, `unique`, `masked_select`, indexing with a
-boolean mask) and a copy from the device to the host. A dispatch mode sees every operator the run
-calls. On a GPU only those on CUDA tensors count; on the CPU every one counts, since the same code
-would wait there on a GPU. Each is charged to the training step it happened in (from the end of
-the previous step, so the batch's transfer and augmentation count) and to where it came from.
+boolean mask) and a blocking copy from the device to the host. A dispatch mode sees every operator
+the run calls. On a GPU only those on its tensors count; on the CPU every one counts, since the
+same code would wait there on a GPU (but `.tolist()`, `.numpy()` and `.cpu()` of a CPU tensor
+call no operator, and a sync inside one operator, `bincount` say, is not seen: a GPU run is the
+proof). Each is charged to the training step it happened in (from its start to the next step's,
+so its logging and the next batch's fetch, transfer and augmentation count) and to where it came
+from.
 
 Some syncs are by design and periodic: Lightning reads the logged values back at its logging
 steps (`trainer.log_every_n_steps`), the progress bar reads them when it draws (a few times a
@@ -51,8 +54,9 @@ PERIODIC = {  # a source by design, what marks it in the stack
 OWN_FILES = (str(REPO / "template"), f"{os.sep}lightning{os.sep}", f"{os.sep}torchmetrics{os.sep}")
 
 
-def on_device(tensor) -> bool:
-    return isinstance(tensor, torch.Tensor) and (tensor.device.type != "cpu" or not torch.cuda.is_available())
+def on_device(tensor, device: str) -> bool:
+    """Whether ``tensor`` lives where the run trains: on a CPU run every tensor stands for one on a GPU."""
+    return isinstance(tensor, torch.Tensor) and (device == "cpu" or tensor.device.type == device)
 
 
 def kept_on_host() -> bool:
@@ -62,19 +66,20 @@ def kept_on_host() -> bool:
                for frame in traceback.extract_stack(limit=8))  # fmt: skip
 
 
-def is_sync(func, args, kwargs) -> bool:
-    """Whether this operator, on these arguments, waits for the device."""
+def is_sync(func, args, kwargs, device: str) -> bool:
+    """Whether this operator, on these arguments, waits for the device of a run that trains on ``device``."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if func in READS_BACK or func.overloadpacket.__name__ in UNIQUE:
-        return any(on_device(t) for t in tensors) and not kept_on_host()
+        return any(on_device(t, device) for t in tensors) and not (device == "cpu" and kept_on_host())
     if func in MASK_INDEXING:  # x[mask] and x[mask] = v count the mask's True values first
         indices = args[1] if len(args) > 1 else []
         masks = [i for i in indices or [] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
-        return any(on_device(mask) for mask in masks)
-    if func in COPIES and torch.cuda.is_available():  # from the device to the host (never on a CPU run)
+        return any(on_device(mask, device) for mask in masks)
+    if func in COPIES and device != "cpu":  # a blocking copy from the device to the host (none on a CPU run)
         source = args[1] if func is aten.copy_.default else args[0]
         target = args[0].device if func is aten.copy_.default else kwargs.get("device", source.device)
-        return source.device.type == "cuda" and torch.device(target).type == "cpu"
+        blocking = not kwargs.get("non_blocking", False) and not (len(args) > 2 and args[2] is True)
+        return source.device.type == device and torch.device(target).type == "cpu" and blocking
     return False
 
 
@@ -86,10 +91,11 @@ class SyncProbe(TorchDispatchMode, L.Callback):
         self.step: int | None = None  # the training step now running (or whose batch is being prepared)
         self.syncs: dict[int, Counter] = defaultdict(Counter)  # step -> Counter of (source, periodic kind)
         self.log_every = 50
+        self.device = "cpu"  # the device the run trains on, from the module at the start
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.step is not None and is_sync(func, args, kwargs):
+        if self.step is not None and is_sync(func, args, kwargs, self.device):
             self.syncs[self.step][self.source(func)] += 1
         return func(*args, **kwargs)
 
@@ -109,6 +115,7 @@ class SyncProbe(TorchDispatchMode, L.Callback):
     # the epoch's start and end are outside every window.
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_every = trainer.log_every_n_steps
+        self.device = pl_module.device.type
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self.step = trainer.global_step
@@ -130,11 +137,13 @@ class SyncProbe(TorchDispatchMode, L.Callback):
         for step, counter in self.syncs.items():
             for source in counter:
                 by_source[source].add(step)
-        device = "cuda" if torch.cuda.is_available() else "cpu (each would wait on a GPU)"
+        device = "cpu (each would wait on a GPU)" if self.device == "cpu" else self.device
         print(f"host syncs over {steps} training steps on {device}; Lightning logs every {self.log_every} steps")
         unexpected = set()
         for (source, periodic), hit in sorted(by_source.items(), key=lambda item: (item[0][1] or "", item[0][0])):
             others = hit - logging_steps - {0}
+            if periodic and len(hit) > steps / 2:  # a reader meant to be periodic that reads at most steps
+                periodic, others = None, hit - {0}
             kind = periodic or ("PER STEP" if others else "logging steps" if hit - {0} else "first step")
             if not periodic:
                 unexpected |= others

@@ -38,13 +38,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     The best and the last checkpoint are often saved one after the other with nothing changed
     in between (an epoch that improved): the second is then a hard link to the first file, not a
-    second write (~15 ms for a small network). Nothing changed means the same values and the same
-    tensors, none of them modified in place since (``content_key``).
+    second write (~15 ms for a small network), when the first file is still the one written and
+    the two checkpoints have the same ``content_key``. Names are only ever replaced by rename, so
+    a later last.ckpt never changes the best file it was linked to.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._written: tuple[Path, bytes] | None = None  # the last file written and its content_key
+        self._written: tuple[Path, bytes, tuple[int, int]] | None = None  # the last file written: key, inode
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -64,8 +65,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         key, written = content_key(checkpoint), self._written
         self._written = None  # until this write has succeeded
+        same = written is not None and written[1] == key and inode(written[0]) == written[2]
+        if same and inode(path) == written[2]:  # this very checkpoint is already on disk under this name
+            self._written = written
+            return None
         try:
-            if written and written[1] == key and written[0].parent == path.parent and linked(written[0], temporary):
+            temporary.unlink(missing_ok=True)
+            if same and written[0].parent == path.parent and linked(written[0], temporary):
                 os.replace(temporary, path)
             else:
                 with temporary.open("wb") as file:
@@ -85,14 +91,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(directory)  # make the rename itself durable
         finally:
             os.close(directory)
-        self._written = (path, key)
+        self._written = (path, key, inode(path))
+        return None
 
 
 def content_key(checkpoint: dict) -> bytes:
-    """What a checkpoint holds, as bytes that compare equal only if nothing in it has changed: its
-    plain values, the bytes of small tensors (random states are new tensors at every save), and for
-    the others their memory, layout and version counter (which every in-place change, an optimizer
-    step say, increments)."""
+    """What a checkpoint holds, as bytes that compare equal when nothing in it has changed: its plain
+    values, the bytes of small tensors (random states are new tensors at every save), and for the
+    others their memory, layout and version counter. A Lightning checkpoint's plain values include
+    the loops' progress (global step, batches), so two keys are equal only between two saves of
+    one step; the version counter (incremented by in-place operations, though not by writes to
+    ``.data`` or fused optimizers) guards against a callback changing weights between them."""
 
     def key(value):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.nbytes <= 65536:
@@ -110,6 +119,15 @@ def content_key(checkpoint: dict) -> bytes:
         return pickle.dumps(key(checkpoint))
     except Exception:  # something pickle cannot copy: never equal, always written
         return os.urandom(16)
+
+
+def inode(path: Path) -> tuple[int, int] | None:
+    """The file a name stands for (device and inode), or None where there is none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def linked(source: Path, link: Path) -> bool:

@@ -106,6 +106,13 @@ def test_a_checkpoint_saved_again_unchanged_is_a_link_and_any_change_is_written(
     assert torch.load(tmp_path / "best.ckpt")["state_dict"]["weight"][0] == 0  # the earlier file is untouched
     io.save_checkpoint({**checkpoint, "epoch": 2}, tmp_path / "other.ckpt")  # a plain value changed
     assert not os.path.samefile(tmp_path / "last.ckpt", tmp_path / "other.ckpt")
+    for name in ("other.ckpt", "other.ckpt", "again.ckpt", "other.ckpt"):  # unchanged, to a name it already has
+        io.save_checkpoint({**checkpoint, "epoch": 2}, tmp_path / name)
+    assert os.path.samefile(tmp_path / "other.ckpt", tmp_path / "again.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.ckpt", "best.ckpt", "last.ckpt", "other.ckpt"]
+    (tmp_path / "other.ckpt").unlink()  # a name deleted: made again (linked to again.ckpt, which has the file)
+    io.save_checkpoint({**checkpoint, "epoch": 2}, tmp_path / "other.ckpt")
+    assert torch.load(tmp_path / "other.ckpt")["epoch"] == 2
 
 
 def test_an_improving_epoch_writes_one_file_for_its_best_and_last_checkpoints(run_cli):
