@@ -173,6 +173,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="CPU: generated CIFAR files, ResNetSmall, batch 16, 2 epochs of 12 steps")  # fmt: skip
     options, fit_options = parser.parse_known_args()
+    if options.smoke and not any(option.startswith("--config") for option in fit_options):
+        parser.error("--smoke writes CIFAR-10's files for the config's CIFAR10DataModule: give the config too, "
+                     "--config configs/cifar10_fast.yaml")  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
         smoke = []
         if options.smoke:
