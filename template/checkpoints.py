@@ -105,7 +105,9 @@ def content_key(checkpoint: dict) -> bytes:
 
     def key(value):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.nbytes <= 65536:
-            return ("bytes", value.dtype, tuple(value.shape), value.detach().contiguous().numpy().tobytes())
+            # As tensor_digest reads them: any dtype (bfloat16 has no numpy one), as bytes.
+            raw = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            return ("bytes", value.dtype, tuple(value.shape), raw)
         if isinstance(value, torch.Tensor):
             return ("tensor", value.device.type, value.data_ptr(), value.dtype, tuple(value.shape), value.stride(),
                     value.storage_offset(), value._version)  # fmt: skip

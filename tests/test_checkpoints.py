@@ -95,9 +95,11 @@ def test_the_previous_best_is_removed_only_once_the_new_best_is_on_disk(run_cli,
 
 def test_a_checkpoint_saved_again_unchanged_is_a_link_and_any_change_is_written(tmp_path):
     io, weight = AtomicCheckpointIO(), torch.zeros(100_000)  # over the size whose bytes are compared
-    checkpoint = {"state_dict": {"weight": weight}, "rng": torch.get_rng_state(), "epoch": 1}
+    small = {"rng": torch.get_rng_state(), "scale": torch.ones(4, dtype=torch.bfloat16)}  # new tensors every save
+    checkpoint = {"state_dict": {"weight": weight}, **small, "epoch": 1}
     io.save_checkpoint(checkpoint, tmp_path / "best.ckpt")
-    io.save_checkpoint({**checkpoint, "rng": torch.get_rng_state()}, tmp_path / "last.ckpt")  # a new, equal tensor
+    io.save_checkpoint({**checkpoint, "rng": torch.get_rng_state(), "scale": torch.ones(4, dtype=torch.bfloat16)},
+                       tmp_path / "last.ckpt")  # fmt: skip
     assert os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
     weight.add_(1)  # in place: the same memory, a new version
     io.save_checkpoint(checkpoint, tmp_path / "last.ckpt")
