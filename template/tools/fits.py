@@ -44,9 +44,8 @@ def runs_place(config: dict) -> tuple[Path, str]:
             "sweep and cv place each run under the TensorBoard logger's save_dir; this configuration's first "
             "logger (trainer.logger) is not lightning.pytorch.loggers.TensorBoardLogger: keep it first"
         )
-    return Path(runs_dir(config) or DEFAULT_RUNS_DIR).resolve(), (logger.get("init_args") or {}).get(
-        "name"
-    ) or "default"
+    name = (logger.get("init_args") or {}).get("name") or "default"
+    return Path(runs_dir(config) or DEFAULT_RUNS_DIR).resolve(), name
 
 
 def monitored(config: dict) -> tuple[str, str]:

@@ -62,8 +62,8 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
 }
 # The class whose arguments each section of a configuration holds (ClassificationCLI.sections).
 SECTIONS = {"trainer": L.Trainer, "model": ClassificationModule, **CALLBACKS}
-POLL_SECONDS = 2.0
-STORAGE_TRIES = 5  # how often a worker with nothing left to start looks at the others' trials
+POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
+STORAGE_TRIES = 5  # how often a worker tries to open the study's storage (workers started together race)
 
 
 class Surplus(Exception):
