@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from template.checkpoints import read_checkpoint
@@ -111,6 +112,9 @@ class ClassificationModule(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # "disable": a NaN loss shows as NaN (the default drops it with a warning), and no check syncs.
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):
@@ -173,18 +177,30 @@ class ClassificationModule(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
         logits = self._evaluate_logits(images)
-        metric = self.val_acc if split == "val" else self.test_acc
-        metric(logits, labels)
-        # sync_dist: average over DDP ranks so every rank sees (and checkpoints on) the same value.
-        self.log(f"{split}/loss", self._loss(logits, labels), batch_size=len(labels), sync_dist=True)
-        self.log(f"{split}/acc", metric, batch_size=len(labels), prog_bar=True)
+        # Accumulated here and logged once, at the epoch's end, as train/acc is.
+        getattr(self, f"{split}_acc").update(logits, labels)
+        # The batch's mean loss once per image, so the epoch's is each image's (a last, smaller
+        # batch weighs less). Not MeanMetric's weight=: torchmetrics 1.9 drops it with nan_strategy "disable".
+        getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
         return logits
+
+    def _log_evaluation(self, split: str) -> None:
+        # Logging the metric objects, Lightning computes them over the whole split, summed across
+        # DDP ranks (so every rank checkpoints on the same value), and resets them.
+        self.log(f"{split}/loss", getattr(self, f"{split}_loss"))
+        self.log(f"{split}/acc", getattr(self, f"{split}_acc"), prog_bar=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._evaluate(batch, "val")  # the logits, for callbacks (confusion matrix, misclassified)
 
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images = batch[0]

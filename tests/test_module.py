@@ -125,6 +125,33 @@ def test_train_acc_is_logged_every_epoch_of_every_fit_of_the_same_module():
         assert "train/acc" in trainer.callback_metrics
 
 
+class Outputs(L.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.seen.append((outputs, batch[1]))
+
+
+def test_validation_reports_the_loss_and_accuracy_of_the_whole_split_and_a_nan_loss_as_nan():
+    torch.manual_seed(0)
+    module, outputs = make_module(label_smoothing=0.1), Outputs()
+    trainer = L.Trainer(
+        logger=False, accelerator="cpu", callbacks=[outputs],
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    [result] = trainer.validate(module, datamodule=DigitsDataModule(batch_size=100))
+    logits, labels = (torch.cat(parts) for parts in zip(*outputs.seen))
+    assert len(outputs.seen) > 1 and len(labels) % 100  # a last, smaller batch: a mean of batch means would differ
+    loss = F.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert result["val/loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert result["val/acc"] == pytest.approx((logits.argmax(1) == labels).float().mean().item())
+    with torch.no_grad():
+        module.net.head.weight.fill_(float("nan"))
+    [result] = trainer.validate(module, datamodule=DigitsDataModule(batch_size=100))
+    assert math.isnan(result["val/loss"])  # shown, not dropped as torchmetrics' mean does by default
+
+
 class FirstBatch(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batch = batch

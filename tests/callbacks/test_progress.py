@@ -21,10 +21,13 @@ def test_the_bar_takes_in_progress_at_most_refresh_rate_times_a_second_and_alway
 def test_a_fit_shows_its_speed_and_final_metrics_without_the_version_number(run_cli, capsys):
     # Epochs of 18 steps take well under the half second between updates: only the first and
     # last batches of each are taken in, and two samples are what the speed needs.
-    run_cli(
+    fitted = run_cli(
         "fit", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "true",
         "--trainer.callbacks", "[template.callbacks.ThrottledProgressBar]",
     )  # fmt: skip
+    # Stopping the bar waits for Rich's redraw thread, which sleeps 1/rate between looks: 1/20 s,
+    # not the half second of its two updates a second (every command ended that much later).
+    assert fitted.trainer.progress_bar_callback.progress.live.refresh_per_second == progress.REDRAW_RATE == 20
     bar = capsys.readouterr().out.split("run summary")[0]
     assert "18/18" in bar and "val/acc: 0." in bar
     assert re.search(r"[1-9]\d*\.\d\dit/s", bar) and "v_num" not in bar
