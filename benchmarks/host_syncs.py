@@ -8,9 +8,9 @@ a value back (`.item()`, `bool(t)`, `.tolist()`, all `aten._local_scalar_dense`)
 whose output size depends on the data (`nonzero`, `unique`, `masked_select`, indexing with a
 boolean mask) and a blocking copy from the device to the host. A dispatch mode sees every operator
 the run calls. On a GPU only those on its tensors count; on the CPU every one counts, since the
-same code would wait there on a GPU (but `.tolist()`, `.numpy()` and `.cpu()` of a CPU tensor
-call no operator, and a sync inside one operator, `bincount` say, is not seen: a GPU run is the
-proof). Each is charged to the training step it happened in (from its start to the next step's,
+same code would wait there on a GPU, and so do `.tolist()`, `.numpy()` and `.cpu()`, which call no
+operator on a CPU tensor, and the operators that read a value back inside (`bincount`, `histc`
+without bounds). A sync inside another operator would not be seen: a GPU run is the proof. Each is charged to the training step it happened in (from its start to the next step's,
 so its logging and the next batch's fetch, transfer and augmentation count) and to where it came
 from.
 
@@ -42,8 +42,12 @@ from template.cli import cli  # noqa: E402  (after the path, so that a checkout 
 from template.data.cifar10 import CLASS_NAMES, FOLDER, TEST_FILES, TRAIN_FILES  # noqa: E402
 
 aten = torch.ops.aten
+# bincount reads the largest value back inside the operator.
 READS_BACK = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
-              aten.repeat_interleave.Tensor, aten.equal.default}  # fmt: skip
+              aten.repeat_interleave.Tensor, aten.equal.default, aten.bincount.default}  # fmt: skip
+HISTC = aten.histc.default  # reads min and max back when not given them (both 0)
+# Reads back that call no operator on a CPU tensor (on a GPU one they copy, and the copy is seen).
+HOST_READS = ("tolist", "numpy", "__array__", "cpu")
 UNIQUE = {"_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
 MASK_INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 COPIES = {aten._to_copy.default, aten.copy_.default}
@@ -51,6 +55,7 @@ PERIODIC = {  # a source by design, what marks it in the stack
     "progress bar": lambda frames: any("progress" in Path(file).name for file, _ in frames),
     "NaN guard, every check_every_n_steps": lambda frames: ("nonfinite.py", "check_pending") in frames,
 }
+TORCH_FILES = str(Path(torch.__file__).parent)
 OWN_FILES = (str(REPO / "template"), f"{os.sep}lightning{os.sep}", f"{os.sep}torchmetrics{os.sep}")
 
 
@@ -69,7 +74,7 @@ def kept_on_host() -> bool:
 def is_sync(func, args, kwargs, device: str) -> bool:
     """Whether this operator, on these arguments, waits for the device of a run that trains on ``device``."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if func in READS_BACK or func.overloadpacket.__name__ in UNIQUE:
+    if func in READS_BACK or func.overloadpacket.__name__ in UNIQUE or (func is HISTC and args[2:4] in ((), (0, 0))):
         return any(on_device(t, device) for t in tensors) and not (device == "cpu" and kept_on_host())
     if func in MASK_INDEXING:  # x[mask] and x[mask] = v count the mask's True values first
         indices = args[1] if len(args) > 1 else []
@@ -96,19 +101,42 @@ class SyncProbe(TorchDispatchMode, L.Callback):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.step is not None and is_sync(func, args, kwargs, self.device):
-            self.syncs[self.step][self.source(func)] += 1
+            self.syncs[self.step][self.source(func.overloadpacket.__name__)] += 1
         return func(*args, **kwargs)
 
+    def __enter__(self):
+        self._originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, self.host_read(name, original))
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def host_read(self, name: str, original):
+        """``Tensor.<name>``, counted as a sync on a CPU run (where no copy shows it)."""
+
+        def read(tensor, *args, **kwargs):
+            if self.step is not None and self.device == "cpu" and not kept_on_host():
+                self.syncs[self.step][self.source(f"Tensor.{name}")] += 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
     @staticmethod
-    def source(func) -> tuple[str, str | None]:
-        """The nearest frame of the project, Lightning or torchmetrics that called ``func``, and
-        which periodic reader (if any) is on the stack."""
-        stack = traceback.extract_stack()[:-3]
+    def source(name: str) -> tuple[str, str | None]:
+        """The nearest frame of the project, Lightning or torchmetrics that called operator or method
+        ``name``, and which periodic reader (if any) is on the stack."""
+        stack = traceback.extract_stack()
+        while stack and (stack[-1].filename == __file__ or TORCH_FILES in stack[-1].filename):
+            stack.pop()  # the probe's frames, and torch's own around the dispatch
         frames = [(Path(frame.filename).name, frame.name) for frame in stack]
         periodic = next((kind for kind, test in PERIODIC.items() if test(frames)), None)
         nearest = next((f for f in reversed(stack) if any(part in f.filename for part in OWN_FILES)), stack[-1])
         where = f"{Path(nearest.filename).name}:{nearest.lineno} {nearest.name}"
-        return f"{func.overloadpacket.__name__} from {where}", periodic
+        return f"{name} from {where}", periodic
 
     # The window of a step: from its start to the next one's, so its logging and the next batch's
     # fetch, move and augmentation count; its epoch's last step ends at its end. Validation and

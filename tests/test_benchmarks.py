@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,3 +86,20 @@ def test_host_sync_probe_names_a_sync_every_step_pays():
     assert re.search(r"24 steps  PER STEP +_local_scalar_dense from nonfinite.py:\d+ on_before_optimizer_step",
                      result.stdout)  # fmt: skip
     assert "steps with a sync that is not periodic: 22" in result.stdout  # all but the first and the logging step
+
+
+def test_the_probe_counts_reads_back_that_call_no_operator_on_a_cpu_run(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import host_syncs as probe_module
+
+    probe, values = probe_module.SyncProbe(), torch.tensor([3, 1, 2])
+    probe.step = 5  # inside a training step of a CPU run: every tensor stands for one on the GPU
+    with probe:
+        values.tolist(), values.numpy(), values.cpu(), torch.bincount(values), torch.histc(values.float())
+        torch.histc(values.float(), bins=4, min=0, max=4)  # bounds given: nothing read back
+    sources = sorted(name.split(" from ")[0] for name, _ in probe.syncs[5])
+    assert sources == ["Tensor.cpu", "Tensor.numpy", "Tensor.tolist", "bincount", "histc"]
+    assert all(" from test_benchmarks.py:" in name for name, _ in probe.syncs[5]), list(probe.syncs[5])
+    probe.syncs.clear()
+    values.tolist(), values.numpy()  # after the probe: torch's own methods again, nothing counted
+    assert not probe.syncs

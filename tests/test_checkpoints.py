@@ -22,12 +22,19 @@ from template.cli import cli
 from template.nets import ResNetSmall
 
 WRITER = """
-import sys, torch
+import os, sys, torch
 from template.checkpoints import AtomicCheckpointIO
-io, path, step = AtomicCheckpointIO(), sys.argv[1], 0
-while True:
-    step += 1
-    io.save_checkpoint({"step": step, "weights": torch.full((1_000_000,), float(step))}, path)
+path = sys.argv[1]
+for line in sys.stdin:  # a writer per line, forked from here: the imports are paid once, not ten times
+    pid = os.fork()
+    if pid == 0:
+        io, step = AtomicCheckpointIO(), int(line)
+        while True:
+            step += 1
+            io.save_checkpoint({"step": step, "weights": torch.full((1_000_000,), float(step))}, path)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("gone", flush=True)
 """
 
 
@@ -36,20 +43,28 @@ def test_a_process_killed_while_writing_never_leaves_a_partial_checkpoint(tmp_pa
     path = tmp_path / "last.ckpt"
     rng = random.Random(0)
     kills_mid_write = 0
-    for _ in range(10):
-        before = path.stat().st_mtime_ns if path.exists() else None
-        child = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
-        deadline = time.time() + 60
-        while time.time() < deadline:  # wait until this child is past its imports and writing
-            if path.exists() and path.stat().st_mtime_ns != before:
-                break
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.3))
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-        kills_mid_write += any(tmp_path.glob(".last.ckpt.*.tmp"))
-        checkpoint = torch.load(path, weights_only=True)  # whatever moment it died, this loads
-        assert torch.all(checkpoint["weights"] == checkpoint["step"])
+    forks = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for kill in range(10):
+            before = path.stat().st_mtime_ns if path.exists() else None
+            forks.stdin.write(f"{1000 * kill}\n")
+            forks.stdin.flush()
+            writer = int(forks.stdout.readline())
+            deadline = time.time() + 60
+            while time.time() < deadline:  # wait until this writer is writing
+                if path.exists() and path.stat().st_mtime_ns != before:
+                    break
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(writer, signal.SIGKILL)
+            assert forks.stdout.readline() == "gone\n"
+            kills_mid_write += any(tmp_path.glob(".last.ckpt.*.tmp"))
+            checkpoint = torch.load(path, weights_only=True)  # whatever moment it died, this loads
+            assert torch.all(checkpoint["weights"] == checkpoint["step"]) and checkpoint["step"] > 1000 * kill
+    finally:
+        forks.kill()
+        forks.wait()
     assert kills_mid_write > 0  # the kills did land in the middle of writes
 
 
