@@ -10,7 +10,9 @@ boolean mask) and a blocking copy from the device to the host. A dispatch mode s
 the run calls. On a GPU only those on its tensors count; on the CPU every one counts, since the
 same code would wait there on a GPU, and so do `.tolist()`, `.numpy()` and `.cpu()`, which call no
 operator on a CPU tensor, and the operators that read a value back inside (`bincount`, `histc`
-without bounds). A sync inside another operator would not be seen: a GPU run is the proof. Each is charged to the training step it happened in (from its start to the next step's,
+without bounds). A sync inside another operator would not be seen, and code that takes another
+path on a GPU (a per-image loop for CPU tensors, say) is probed on its CPU path: a GPU run is the
+proof. Each is charged to the training step it happened in (from its start to the next step's,
 so its logging and the next batch's fetch, transfer and augmentation count) and to where it came
 from.
 
@@ -47,7 +49,7 @@ READS_BACK = {aten._local_scalar_dense.default, aten.nonzero.default, aten.maske
               aten.repeat_interleave.Tensor, aten.equal.default, aten.bincount.default}  # fmt: skip
 HISTC = aten.histc.default  # reads min and max back when not given them (both 0)
 # Reads back that call no operator on a CPU tensor (on a GPU one they copy, and the copy is seen).
-HOST_READS = ("tolist", "numpy", "__array__", "cpu")
+HOST_READS = ("tolist", "numpy", "cpu")  # np.array(t) calls t.numpy()
 UNIQUE = {"_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
 MASK_INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 COPIES = {aten._to_copy.default, aten.copy_.default}
@@ -55,7 +57,7 @@ PERIODIC = {  # a source by design, what marks it in the stack
     "progress bar": lambda frames: any("progress" in Path(file).name for file, _ in frames),
     "NaN guard, every check_every_n_steps": lambda frames: ("nonfinite.py", "check_pending") in frames,
 }
-TORCH_FILES = str(Path(torch.__file__).parent)
+TORCH_FILES = str(Path(torch.__file__).parent) + os.sep  # not torchmetrics/ or torchvision/
 OWN_FILES = (str(REPO / "template"), f"{os.sep}lightning{os.sep}", f"{os.sep}torchmetrics{os.sep}")
 
 
@@ -105,14 +107,18 @@ class SyncProbe(TorchDispatchMode, L.Callback):
         return func(*args, **kwargs)
 
     def __enter__(self):
+        if getattr(self, "_originals", None):
+            raise RuntimeError("this SyncProbe is already running")
+        mode = super().__enter__()
         self._originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
         for name, original in self._originals.items():
             setattr(torch.Tensor, name, self.host_read(name, original))
-        return super().__enter__()
+        return mode
 
     def __exit__(self, *exc) -> None:
         for name, original in self._originals.items():
             setattr(torch.Tensor, name, original)
+        self._originals = {}
         return super().__exit__(*exc)
 
     def host_read(self, name: str, original):

@@ -1,3 +1,4 @@
+import contextlib
 import errno
 import os
 import random
@@ -45,6 +46,7 @@ def test_a_process_killed_while_writing_never_leaves_a_partial_checkpoint(tmp_pa
     kills_mid_write = 0
     forks = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    writer = None
     try:
         for kill in range(10):
             before = path.stat().st_mtime_ns if path.exists() else None
@@ -59,11 +61,15 @@ def test_a_process_killed_while_writing_never_leaves_a_partial_checkpoint(tmp_pa
             time.sleep(rng.uniform(0.0, 0.3))
             os.kill(writer, signal.SIGKILL)
             assert forks.stdout.readline() == "gone\n"
+            writer = None  # reaped: its pid may be another process's now
             kills_mid_write += any(tmp_path.glob(".last.ckpt.*.tmp"))
             checkpoint = torch.load(path, weights_only=True)  # whatever moment it died, this loads
             assert torch.all(checkpoint["weights"] == checkpoint["step"]) and checkpoint["step"] > 1000 * kill
     finally:
-        forks.kill()
+        for pid in (writer, forks.pid):  # a writer left running would write forever
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         forks.wait()
     assert kills_mid_write > 0  # the kills did land in the middle of writes
 

@@ -11,7 +11,8 @@ REDRAW_RATE = 20  # how often Rich's thread looks for an update to draw (Lightni
 
 class ThrottledProgressBar(RichProgressBar):
     """``RichProgressBar`` that takes in a batch's progress and metrics at most ``refresh_rate``
-    times a second, the rate it redraws at anyway.
+    times a second (kept as ``updates_per_second``; Lightning's ``refresh_rate`` attribute is
+    then the redraw thread's REDRAW_RATE), and the bar only changes when it takes them in.
 
     The stock bar reads the metrics (a ``.item()`` each) and updates its state after every
     batch: about a millisecond, which on small steps is most of the framework's cost. The first
