@@ -52,4 +52,7 @@ def explain(error: BaseException) -> str:
         message += "; run where you may write, or set --trainer.logger.init_args.save_dir to such a folder"
     elif isinstance(error, KeyError | TypeError | AttributeError | IndexError):
         message = f"{type(error).__name__}: {message}"  # messages that do not say what they are on their own
+    elif "could not find the monitored key" in message:
+        message += (" A module that overrides on_validation_epoch_end (or on_train_/on_test_epoch_end) calls "
+                    "super() there: ClassificationModule logs val/loss and val/acc (train/acc, test/...) in it.")  # fmt: skip
     return message

@@ -136,6 +136,20 @@ def test_the_module_subclass_example_trains_and_evaluates_as_written(run_cli, tm
     sys.modules.pop("my_module", None)
 
 
+def test_a_subclass_that_forgets_super_in_an_epoch_end_hook_is_told_to_call_it(run_cli, tmp_path, capsys, monkeypatch):
+    code = re.search(r"```python\n(.*?)```", section("Subclass the module"), re.S).group(1)
+    assert "        super().on_validation_epoch_end()" in code
+    (tmp_path / "my_module.py").write_text(code.replace("        super().on_validation_epoch_end()", "        pass"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_module", raising=False)
+    with pytest.raises(SystemExit):
+        main(["fit", *run_cli.tiny_args, "--model", "my_module.F1Module", "--trainer.max_epochs", "1",
+              "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert "monitor='val/acc'" in error and "overrides on_validation_epoch_end" in error and "calls super()" in error
+    sys.modules.pop("my_module", None)
+
+
 def readme_tags() -> set[str]:
     """The TensorBoard tags the README names: the run directory's list, and every `train/...`-like name."""
     listing = re.search(r"TensorBoard curves: (.*?)\n\s*hparams\.yaml", README, re.S).group(1)
