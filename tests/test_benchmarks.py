@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -96,11 +95,11 @@ def test_the_probe_counts_reads_back_that_call_no_operator_on_a_cpu_run(monkeypa
     probe, values = probe_module.SyncProbe(), torch.tensor([3, 1, 2])
     probe.step = 5  # inside a training step of a CPU run: every tensor stands for one on the GPU
     with probe:
-        values.tolist(), np.array(values), values.cpu(), torch.bincount(values), torch.histc(values.float())
+        values.tolist(), values.numpy(), values.cpu(), torch.bincount(values), torch.histc(values.float())
         torch.histc(values.float(), bins=4, min=0, max=4)  # bounds given: nothing read back
     sources = sorted(name.split(" from ")[0] for name, _ in probe.syncs[5])
     assert sources == ["Tensor.cpu", "Tensor.numpy", "Tensor.tolist", "bincount", "histc"]
     assert all(" from test_benchmarks.py:" in name for name, _ in probe.syncs[5]), list(probe.syncs[5])
     probe.syncs.clear()
-    values.tolist(), np.array(values)  # after the probe: torch's own methods again, nothing counted
+    values.tolist(), values.numpy()  # after the probe: torch's own methods again, nothing counted
     assert not probe.syncs
