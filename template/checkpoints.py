@@ -19,6 +19,7 @@ from template.untrusted import (
     UnsafeCheckpointError,
     check_class_paths,
     drop_foreign_paths,
+    tensor_bytes,
     verify_digest,
     with_digest,
 )
@@ -71,14 +72,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return None
         try:
             temporary.unlink(missing_ok=True)
-            if same and written[0].parent == path.parent and linked(written[0], temporary):
-                os.replace(temporary, path)
-            else:
+            if not (same and written[0].parent == path.parent and linked(written[0], temporary)):
                 with temporary.open("wb") as file:
                     torch.save(with_digest(checkpoint), file)
                     file.flush()
                     os.fsync(file.fileno())
-                os.replace(temporary, path)
+            os.replace(temporary, path)
         except BaseException as error:
             temporary.unlink(missing_ok=True)
             if isinstance(error, OSError):
@@ -105,9 +104,7 @@ def content_key(checkpoint: dict) -> bytes:
 
     def key(value):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.nbytes <= 65536:
-            # As tensor_digest reads them: any dtype (bfloat16 has no numpy one), as bytes.
-            raw = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            return ("bytes", value.dtype, tuple(value.shape), raw)
+            return ("bytes", value.dtype, tuple(value.shape), bytes(tensor_bytes(value)))
         if isinstance(value, torch.Tensor):
             return ("tensor", value.device.type, value.data_ptr(), value.dtype, tuple(value.shape), value.stride(),
                     value.storage_offset(), value._version)  # fmt: skip

@@ -283,15 +283,21 @@ def _tensors(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
             yield from _tensors(item, f"{key}[{index}]")
 
 
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The values of ``tensor`` as raw bytes in row-major order, whatever its dtype (bfloat16 has no
+    numpy one), device or layout."""
+    tensor = tensor.detach().cpu()
+    tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
 def tensor_digest(checkpoint: dict) -> str:
     """SHA-256 of every tensor in ``checkpoint``: name, dtype, shape and bytes, in name order."""
     digest = hashlib.sha256()
     for name, tensor in sorted(_tensors(checkpoint), key=lambda item: item[0]):
-        tensor = tensor.detach().cpu()
-        tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
         if tensor.numel():
-            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            digest.update(tensor_bytes(tensor))
     return digest.hexdigest()
 
 
