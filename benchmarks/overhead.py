@@ -252,6 +252,11 @@ def paired_epochs(setting: str, epochs: int, steps: int, fit=template_fit) -> di
     return differences
 
 
+def epoch_ratio(differences: dict[str, list[float]]) -> float:
+    """A (b) epoch's duration over the (a) epoch's, from ``paired_epochs``' differences."""
+    return 1 + statistics.median(differences["epoch"]) / statistics.median(differences["plain_epoch"])
+
+
 def spread(values: list[float], scale: float = 1000) -> dict[str, float]:
     """Median and quartiles, scaled (to ms)."""
     low, _, high = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
@@ -306,11 +311,11 @@ def measure(setting: str, epochs: int, repeats: int, pairs: int) -> dict:
         "epoch_fixed_ms": 1000 * (statistics.median(full["epoch"]) - steps * per_step),
         "interval": spread(full["step"]),
         "pairs": pairs,
-        "ratio": 1 + statistics.median(full["epoch"]) / statistics.median(full["plain_epoch"]),
+        "ratio": epoch_ratio(full),
     }
     bare = paired_epochs(setting, pairs + 2, steps, bare_fit)
     result["bare"] = spread(bare["step"])
-    result["bare"]["ratio"] = 1 + statistics.median(bare["epoch"]) / statistics.median(bare["plain_epoch"])
+    result["bare"]["ratio"] = epoch_ratio(bare)
     return result
 
 

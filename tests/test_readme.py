@@ -118,12 +118,18 @@ def test_the_swap_the_data_example_trains_as_written(run_cli, tmp_path, monkeypa
     sys.modules.pop("my_data", None)
 
 
+def importable_module_from_readme(tmp_path: Path, monkeypatch, edit=lambda code: code) -> None:
+    """The README's "Subclass the module" code, edited, as tmp_path/my_module.py, importable afresh."""
+    code = re.search(r"```python\n(.*?)```", section("Subclass the module"), re.S).group(1)
+    (tmp_path / "my_module.py").write_text(edit(code))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_module", raising=False)
+
+
 @pytest.mark.slow
 def test_the_module_subclass_example_trains_and_evaluates_as_written(run_cli, tmp_path, monkeypatch):
     text = section("Subclass the module")
-    (tmp_path / "my_module.py").write_text(re.search(r"```python\n(.*?)```", text, re.S).group(1))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_module", raising=False)
+    importable_module_from_readme(tmp_path, monkeypatch)
     args = shlex.split(re.search(r"^python -m template (fit .*)$", text, re.M).group(1))
     quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"]
     fitted = run_cli(*args, *quick, "--model.label_smoothing", "0.2")
@@ -137,11 +143,11 @@ def test_the_module_subclass_example_trains_and_evaluates_as_written(run_cli, tm
 
 
 def test_a_subclass_that_forgets_super_in_an_epoch_end_hook_is_told_to_call_it(run_cli, tmp_path, capsys, monkeypatch):
-    code = re.search(r"```python\n(.*?)```", section("Subclass the module"), re.S).group(1)
-    assert "        super().on_validation_epoch_end()" in code
-    (tmp_path / "my_module.py").write_text(code.replace("        super().on_validation_epoch_end()", "        pass"))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "my_module", raising=False)
+    def forget_super(code: str) -> str:
+        assert "        super().on_validation_epoch_end()" in code
+        return code.replace("        super().on_validation_epoch_end()", "        pass")
+
+    importable_module_from_readme(tmp_path, monkeypatch, forget_super)
     with pytest.raises(SystemExit):
         main(["fit", *run_cli.tiny_args, "--model", "my_module.F1Module", "--trainer.max_epochs", "1",
               "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"])  # fmt: skip
