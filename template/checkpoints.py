@@ -2,8 +2,11 @@
 say what data and run they came from."""
 
 import errno
+import hashlib
+import io
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,42 +14,31 @@ import safetensors
 import safetensors.torch
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from template.untrusted import (
-    CheckpointError,
-    DamagedCheckpointError,
-    UnsafeCheckpointError,
-    check_class_paths,
-    drop_foreign_paths,
-    tensor_bytes,
-    verify_digest,
-    with_digest,
-)
-
 CHECKPOINT_ALIASES = ("best", "last")
-__all__ = ["CheckpointError", "DamagedCheckpointError", "UnsafeCheckpointError"]  # raised from here too
+INTEGRITY_KEY = "integrity"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used as it is; the message says which file, which key and why."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The checkpoint asks for something that could run code: a pickled object or a class it may not name."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """The checkpoint's tensors differ from the digest written with them, or its layout is not a checkpoint's."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file in the same directory, then renames it into place,
-    with a digest of its tensors; reading one back verifies the digest and drops the file paths of
-    its ModelCheckpoint states that lie outside its directory.
-
-    A reader never sees a partial file under a final name, whenever the process dies: the
-    rename is atomic, and the data is flushed and fsynced to disk before it. A write that
-    fails (a full disk, say) raises an error that says so and leaves the previous file intact.
-
-    The best and the last checkpoint are often saved one after the other with nothing changed
-    in between (an epoch that improved): the second is then a hard link to the first file, not a
-    second write (~15 ms for a small network), when the first file is still the one written and
-    the two checkpoints have the same ``content_key``. Names are only ever replaced by rename, so
-    a later last.ckpt never changes the best file it was linked to.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._written: tuple[Path, bytes, tuple[int, int]] | None = None  # the last file written: key, inode
+    """Lightning's checkpoint writer, with what it lacks: a digest of the tensors in every file (verified,
+    and the file paths of its ModelCheckpoint states that lie outside its directory dropped, when one is
+    read back), data on disk before the rename that makes it visible (fsync), a failed write that says
+    why (a full disk, naming the directory) with the previous file intact, and the temporary files of
+    writers that died removed by the next write."""
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -60,82 +52,49 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-write
-            if stale.name != f".{path.name}.{os.getpid()}.tmp":
-                stale.unlink(missing_ok=True)
+        remove_stale_temporaries(path.parent)
+        buffer = io.BytesIO()  # serialised first, as Lightning does: a failed write is then the file's, with its errno
+        torch.save(with_digest(checkpoint), buffer)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        key, written = content_key(checkpoint), self._written
-        self._written = None  # until this write has succeeded
-        same = written is not None and written[1] == key and inode(written[0]) == written[2]
-        if same and inode(path) == written[2]:  # this very checkpoint is already on disk under this name
-            self._written = written
-            return None
         try:
-            temporary.unlink(missing_ok=True)
-            if not (same and written[0].parent == path.parent and linked(written[0], temporary)):
-                with temporary.open("wb") as file:
-                    torch.save(with_digest(checkpoint), file)
-                    file.flush()
-                    os.fsync(file.fileno())
+            with temporary.open("wb") as file:
+                file.write(buffer.getbuffer())
+                file.flush()
+                os.fsync(file.fileno())
             os.replace(temporary, path)
-        except BaseException as error:
+        except OSError as error:
             temporary.unlink(missing_ok=True)
-            if isinstance(error, OSError):
-                kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-                reason = "the disk is full" if error.errno == errno.ENOSPC else (error.strerror or str(error))
-                raise OSError(error.errno, f"could not write checkpoint {path}: {reason}; {kept}") from error
+            kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+            full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+            reason = f"the disk is full ({path.parent})" if full else (error.strerror or str(error))
+            raise OSError(error.errno, f"could not write checkpoint {path}: {reason}; {kept}") from error
+        except BaseException:
+            temporary.unlink(missing_ok=True)
             raise
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # make the rename itself durable
         finally:
             os.close(directory)
-        self._written = (path, key, inode(path))
         return None
 
 
-def content_key(checkpoint: dict) -> bytes:
-    """What a checkpoint holds, as bytes that compare equal when nothing in it has changed: its plain
-    values, the bytes of small tensors (random states are new tensors at every save), and for the
-    others their memory, layout and version counter. A Lightning checkpoint's plain values include
-    the loops' progress (global step, batches), so two keys are equal only between two saves of
-    one step; the version counter (incremented by in-place operations, though not by writes to
-    ``.data`` or fused optimizers) guards against a callback changing weights between them."""
+def remove_stale_temporaries(directory: Path) -> None:
+    """Remove the temporary checkpoint files (``.<name>.<pid>.tmp``) of writers no longer running."""
+    for stale in directory.glob(".*.tmp"):
+        pid = stale.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+            stale.unlink(missing_ok=True)
 
-    def key(value):
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.nbytes <= 65536:
-            return ("bytes", value.dtype, tuple(value.shape), bytes(tensor_bytes(value)))
-        if isinstance(value, torch.Tensor):
-            return ("tensor", value.device.type, value.data_ptr(), value.dtype, tuple(value.shape), value.stride(),
-                    value.storage_offset(), value._version)  # fmt: skip
-        if isinstance(value, dict):
-            return {name: key(item) for name, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [key(item) for item in value]
-        return value
 
+def alive(pid: int) -> bool:
     try:
-        return pickle.dumps(key(checkpoint))
-    except Exception:  # something pickle cannot copy: never equal, always written
-        return os.urandom(16)
-
-
-def inode(path: Path) -> tuple[int, int] | None:
-    """The file a name stands for (device and inode), or None where there is none."""
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
-def linked(source: Path, link: Path) -> bool:
-    """Hard-link ``link`` to ``source``; False where the file is gone or the filesystem has no hard links."""
-    try:
-        os.link(source, link)
-        return True
-    except OSError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def check_checkpoint_is_safe(path: str | Path) -> None:
@@ -173,14 +132,10 @@ LAYOUT = {
 }
 
 
-def read_checkpoint(path: str | Path, model_class: type | None = None, tensors: bool = True) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
     """A Lightning checkpoint, on the CPU, after every check of an untrusted file: no pickled objects,
-    the layout of a checkpoint, no class it may not name (see ``template.untrusted``) and, when its
-    ``tensors`` are read (not only memory-mapped), tensors equal to the digest written with them.
-
-    ``model_class`` is the LightningModule that the hyper-parameters are the arguments of, where
-    the checkpoint does not name one itself.
-    """
+    the layout of a checkpoint and, when its ``tensors`` are read (not only memory-mapped), tensors
+    equal to the digest written with them. What its hyper-parameters name is ``template.restore``'s."""
     check_checkpoint_is_safe(path)
     try:  # memory-mapped where the format allows: only the pickled dictionary is read now
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not tensors)
@@ -188,24 +143,10 @@ def read_checkpoint(path: str | Path, model_class: type | None = None, tensors: 
         if "mmap" not in str(error):
             raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
-    return check_contents(checkpoint, path, model_class, tensors)
-
-
-def check_contents(checkpoint: Any, path: str | Path, model_class: type | None, tensors: bool) -> dict[str, Any]:
-    """``checkpoint`` after the checks of its layout, the classes it names and (``tensors``) its digest."""
     check_layout(checkpoint, path)
-    check_class_paths(checkpoint, str(path), model_class or default_model_class())
     if tensors:
         verify_digest(checkpoint, str(path))
     return checkpoint
-
-
-def default_model_class() -> type:
-    """The LightningModule whose arguments a checkpoint's hyper-parameters are, unless they name one."""
-    # Imported here: the module loads checkpoints too.
-    from template.module import ClassificationModule
-
-    return ClassificationModule
 
 
 def check_layout(checkpoint: Any, path: str | Path) -> None:
@@ -231,7 +172,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     check_checkpoint_is_safe(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
-        check_contents(checkpoint, path, None, tensors=True)
+        check_layout(checkpoint, path)
+        verify_digest(checkpoint, str(path))
     return checkpoint
 
 
@@ -373,3 +315,100 @@ def monitored_score(path: Path) -> tuple[bool, float]:
             if isinstance(score, torch.Tensor | float | int) and torch.isfinite(torch.as_tensor(score)):
                 return True, float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
     return False, 0.0
+
+
+def _tensors(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield key, value
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            if not (key == "" and name == INTEGRITY_KEY):
+                yield from _tensors(item, f"{key}/{name}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _tensors(item, f"{key}[{index}]")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The values of ``tensor`` as raw bytes in row-major order, whatever its dtype (bfloat16 has no
+    numpy one), device or layout."""
+    tensor = tensor.detach().cpu()
+    tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
+def tensor_digest(checkpoint: dict) -> str:
+    """SHA-256 of every tensor in ``checkpoint``: name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(_tensors(checkpoint), key=lambda item: item[0]):
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        if tensor.numel():
+            digest.update(tensor_bytes(tensor))
+    return digest.hexdigest()
+
+
+def with_digest(checkpoint: dict) -> dict:
+    """``checkpoint`` plus the digest of its tensors, for ``verify_digest`` when it is read back."""
+    return {**checkpoint, INTEGRITY_KEY: {"algorithm": "sha256", "tensors": tensor_digest(checkpoint)}}
+
+
+def verify_digest(checkpoint: dict, source: str) -> None:
+    """Refuse tensors that differ from the digest written with them (bit rot, a damaged copy, an edit)."""
+    record = checkpoint.get(INTEGRITY_KEY)
+    if record is None:
+        rank_zero_info(f"{source} carries no digest of its tensors (not written by this project): not verified")
+        return
+    if (
+        not isinstance(record, dict)
+        or record.get("algorithm") != "sha256"
+        or not isinstance(record.get("tensors"), str)
+    ):
+        raise DamagedCheckpointError(f"{source}: its {INTEGRITY_KEY} record is malformed: {record!r}")
+    if tensor_digest(checkpoint) != record["tensors"]:
+        raise DamagedCheckpointError(
+            f"{source} is damaged: its tensors differ from the digest written with them (bit rot, a truncated "
+            "or altered copy). Use another checkpoint, such as last.ckpt or an earlier best-*.ckpt."
+        )
+
+
+_WARNED: set[tuple[str, str]] = set()
+MODEL_CHECKPOINT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
+    """Keep, in the ModelCheckpoint states of ``checkpoint``, only the paths of .ckpt files that resolve
+    inside the directory the checkpoint itself lies in, and only where that is a run's checkpoints/
+    folder (beside the run's config.yaml); elsewhere (a download folder, say) drop them all.
+
+    Lightning deletes the files these paths name when better ones replace them, and its own check
+    that they lie inside the checkpoint directory compares text, which ``..`` and links get past.
+    """
+    directory = Path(checkpoint_path).resolve().parent
+    in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
+
+    def inside(path: Any) -> bool:
+        if not in_a_run or not isinstance(path, str | os.PathLike):
+            return False
+        resolved = Path(path).resolve()
+        return resolved.parent == directory and resolved.suffix == ".ckpt"
+
+    for name, state in (checkpoint.get("callbacks") or {}).items():
+        if not (isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, dict)):
+            continue
+        dropped = []
+        for key in MODEL_CHECKPOINT_PATHS:
+            if state.get(key) and not inside(state[key]):
+                dropped.append(f"{key}={state[key]!r}")
+                state[key] = ""
+        best_k = state.get("best_k_models")
+        if isinstance(best_k, dict):
+            dropped += [f"best_k_models[{path!r}]" for path in best_k if not inside(path)]
+            state["best_k_models"] = {path: score for path, score in best_k.items() if inside(path)}
+        # Said once, and only where it is news: a checkpoint copied out of its run (a download) is expected to
+        # point elsewhere; one in a run's checkpoints/ folder that points outside it was edited.
+        if dropped and in_a_run and (str(checkpoint_path), name) not in _WARNED:
+            _WARNED.add((str(checkpoint_path), name))
+            rank_zero_warn(
+                f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve inside "
+                f"{directory}: {', '.join(dropped)} (resuming, Lightning would replace and delete the files they name)"
+            )

@@ -12,7 +12,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import lightning as L
 import torch
 import yaml
 from jsonargparse import ArgumentParser, Namespace
@@ -29,7 +28,6 @@ from template.callbacks import (
     RunRecord,
     TrainingMonitor,
 )
-from template.callbacks.hooks import skip_empty_batch_hooks
 from template.callbacks.run_record import run_directory
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
@@ -37,28 +35,26 @@ from template.checkpoints import (
     CheckpointError,
     find_checkpoint,
     load_pretrained,
-    read_checkpoint,
 )
 from template.data import ImageDataModule
-from template.data.preprocessing import recorded_preprocessing
 from template.module import ClassificationModule
-from template.nets.pretrained import (  # one name a line: a renamed project's longer package name fits
-    check_cached,
-    head_name,
-    replace_head,
-    weights_of,
-)
+from template.nets.pretrained import check_cached, head_name, weights_of
 from template.nets.shape import check_fits, network_arguments
+from template.options import (
+    condense,
+    names_checkpoint,
+    nearest_option,
+    switched_to_own_defaults,
+    without_data_options,
+)
+from template.restore import Restored, class_paths, restore
 from template.runs import (
-    continue_run_directory,
+    continue_tracker_runs,
     is_tensorboard,
     loggers_of,
     runs_dir,
-    trained_config,
-    without_data_options,
 )
 from template.tracking import resolve_trackers, where_to_look
-from template.untrusted import INSTANTIATOR
 
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 # Commands besides fit / validate / test / predict, each a module with main(args).
@@ -75,12 +71,14 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
-class _NoAdverts(logging.Filter):
+class HideTips(logging.Filter):
+    """Lightning's "💡 Tip" lines advertise its other products: not what a run reports."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("💡 Tip")
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(HideTips())
 
 
 # Set to 1 for the full traceback of an error, and jsonargparse's full text of a parse error.
@@ -102,34 +100,21 @@ CALLBACKS = {
 }
 
 
-class ArgumentParser_(LightningArgumentParser):
+class ConciseArgumentParser(LightningArgumentParser):
     """Lightning's parser, whose errors say what is wrong in a line or two: the option, and the
     innermost reason jsonargparse found, instead of its tree of every Union member tried (set
     TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})  # --trainer.max_epoch is not max_epochs
+
     def error(self, message: str, ex: Exception | None = None):
         if not wants_traceback():
-            message = condense(message)
+            message = nearest_option(condense(message), [o for a in self._actions for o in a.option_strings])
         super().error(message, ex)
 
     def print_usage(self, file=None) -> None:
         (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
-
-
-# Lines of a jsonargparse error that say where it looked, not what is wrong.
-SCAFFOLDING = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
-                         r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
-
-
-def condense(message: str) -> str:
-    """``message`` of a jsonargparse error as ``key: reason`` when it nests Union and class errors."""
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    reasons = [line for line in message.splitlines()[1:] if line.strip() and not SCAFFOLDING.match(line.strip())]
-    if not keys or not reasons:
-        return message
-    deepest = max(reasons, key=lambda line: len(line) - len(line.lstrip()))
-    reason = re.sub(r"^(- )?Type .*? expects .*?: ", "", deepest.strip()).removeprefix("- ")
-    return f"{'.'.join(keys)}: {reason}"
 
 
 class ClassificationCLI(LightningCLI):
@@ -138,11 +123,6 @@ class ClassificationCLI(LightningCLI):
     # (name, version) of the run directory under the TensorBoard logger's save_dir, when a
     # command running many fits places them (template sweep, template cv); else the logger's own.
     run_name: tuple[str, str] | None = None
-
-    @property
-    def sections(self) -> dict[str, type]:
-        """The class whose arguments each section of a configuration holds."""
-        return {"trainer": L.Trainer, "model": self.model_class, **CALLBACKS}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The best checkpoint, last.ckpt and the other callbacks; their settings, like every default,
@@ -165,54 +145,47 @@ class ClassificationCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parse as LightningCLI does; with a checkpoint, again, after its run's configuration
-        (``template.runs``): what it was trained with, which every --config file and option given
-        overrides."""
-        self.trained: tuple[str, dict] | None = None  # the checkpoint and the hyper-parameters it was trained with
-        self.preprocessing: dict | None = None  # and how its inputs were prepared (template.data.preprocessing)
-        argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
+        """Parse as LightningCLI does. With ``--ckpt_path``, the checkpoint read as data (``template.restore``:
+        registry names and literal values, never a path or a setting of the Trainer, logger or callbacks)
+        is the first --config after the recipe's defaults, which every --config file and option given
+        overrides. Lightning's own reading of a checkpoint's hyper-parameters never sees it."""
+        self.restored: Restored | None = None
+        # Printed here, after the changes below, not by jsonargparse in the middle of parsing: what runs.
+        printing = [token for token in args if token.split("=")[0] == "--print_config"]
+        args = [token for token in args if token not in printing]
+        ckpt_given = names_checkpoint(args)
         # --data options may be for the checkpoint's DataModule, not yet known: left out until it is.
-        ckpt_given = argv is not None and any(token.split("=")[0] == "--ckpt_path" for token in argv)
-        super().parse_arguments(parser, without_data_options(argv) if ckpt_given else args)
+        super().parse_arguments(parser, without_data_options(args) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and argv is not None:  # a --ckpt_path from a --config file too
-            ckpt_path, config = self.trained_config(parser, subcommand, ckpt_path)
-            at = argv.index(subcommand) + 1  # first, so that every option given follows
-            at += 2 if argv[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0  # after the recipe's defaults
-            self.config = parser.parse_args([*argv[:at], "--config", yaml.safe_dump(config), *argv[at:]])
-            self.config[subcommand]["ckpt_path"] = ckpt_path
+        if ckpt_path:
+            config = self.config[subcommand]
+            try:
+                if ckpt_path in CHECKPOINT_ALIASES:
+                    ckpt_path = find_checkpoint(ckpt_path, runs_dir(config))
+                    if rank_zero_only.rank == 0:
+                        print(f"--ckpt_path {config.ckpt_path} -> {ckpt_path}")
+                if not Path(ckpt_path).is_file():
+                    raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
+                own = class_paths(config.as_dict()) | {v for k, v in zip(args, args[1:]) if k == "--data"}
+                self.restored = restore(ckpt_path, self.model_class, runs_dir(config), subcommand == "fit", own)
+            except (CheckpointError, FileNotFoundError) as error:
+                parser.error(str(error))
+            at = args.index(subcommand) + 1  # after the recipe's defaults: every option given overrides it
+            at += 2 if args[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0
+            super().parse_arguments(parser, [*args[:at], "--config", yaml.safe_dump(self.restored.config), *args[at:]])
+            self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
+        # A recipe class switched for another (the optimizer, say) starts from its own defaults.
+        switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
-
-    def trained_config(self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str) -> tuple[str, dict]:
-        """The checkpoint's path (``best`` and ``last`` resolved) and its run's configuration, checked."""
-        if ckpt_path in CHECKPOINT_ALIASES:
-            try:
-                found = str(find_checkpoint(ckpt_path, runs_dir(self.config[subcommand])))
-            except FileNotFoundError as error:
-                parser.error(str(error))
-            if rank_zero_only.rank == 0:
-                print(f"--ckpt_path {ckpt_path} -> {found}")
-            ckpt_path = found
-        if not Path(ckpt_path).is_file():
-            parser.error(f"--ckpt_path {ckpt_path}: no such file")
-        try:
-            # Refused with a reason before any byte of it is unpickled and any module it names imported.
-            checkpoint = read_checkpoint(ckpt_path, self.model_class, tensors=False)
-            config = trained_config(ckpt_path, checkpoint, self.sections, evaluating=subcommand != "fit")
-        except CheckpointError as error:
-            parser.error(str(error))
-        self.trained = (ckpt_path, checkpoint.get("hyper_parameters") or {})
-        self.preprocessing = recorded_preprocessing(checkpoint)
-        return ckpt_path, config
-
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI would now apply the checkpoint's hyper-parameters over the options given;
-        here they came first, with the run's configuration (``parse_arguments``)."""
+        if printing:
+            dumped = yaml.safe_load(parser.dump(self.config, skip_check=True, skip_none=False))
+            print(yaml.safe_dump(dumped.get(subcommand, dumped), sort_keys=False), end="")
+            raise SystemExit(0)
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
@@ -220,13 +193,9 @@ class ClassificationCLI(LightningCLI):
             # Evaluating a checkpoint restores its ModelCheckpoint state too; that the new run
             # directory differs from the training one is expected, not worth a warning.
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
-        if config.trainer.callbacks:
-            # A resumed fit starts from its run's callbacks: the same --trainer.callbacks+ again adds nothing.
-            callbacks = [c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]]
-            if config.trainer.enable_progress_bar is False:
-                # The default callbacks include a progress bar; turning bars off should just work.
-                callbacks = [callback for callback in callbacks if "ProgressBar" not in callback.class_path]
-            config.trainer.callbacks = callbacks
+        if config.trainer.callbacks and config.trainer.enable_progress_bar is False:
+            # The default callbacks include a progress bar; turning bars off should just work.
+            config.trainer.callbacks = [c for c in config.trainer.callbacks if "ProgressBar" not in c.class_path]
         if config.trainer.sync_batchnorm and not (
             torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
         ):
@@ -240,16 +209,21 @@ class ClassificationCLI(LightningCLI):
         elif config.trainer.benchmark is None:
             config.trainer.benchmark = True
         logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
+        resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         if is_tensorboard(logger):
             # Absolute, so the checkpoint directory a resumed run sees is the one its
             # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
             logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
             if self.run_name is not None:
                 logger.init_args.name, logger.init_args.version = self.run_name
-            if self.subcommand == "fit" and config.get("ckpt_path"):
-                continue_run_directory(config.ckpt_path, logger)
+            if resumed is not None:  # logs on into the run directory the checkpoint lies in
+                logger.init_args.name, logger.init_args.version = resumed.parent.name, resumed.name
+            elif self.restored is not None and self.run_name is None and logger.init_args.name == recipe_run_name():
+                logger.init_args.name = trained_run_name(self.restored.path) or logger.init_args.name
         if trackers:
             name = logger.init_args.get("name") if is_tensorboard(logger) else None
+            if resumed is not None:
+                continue_tracker_runs(trackers, resumed)
             config.trainer.logger = [logger, *resolve_trackers(trackers, runs_dir(config), name)]
 
     def instantiate_classes(self) -> None:
@@ -263,10 +237,10 @@ class ClassificationCLI(LightningCLI):
         data_config, net = config.data, config.model.init_args.net
         init_args = net.get("init_args") or Namespace()
         weights = weights_of(vars(init_args))  # torchvision's pretrained weights (template.nets.pretrained)
-        if config.get("ckpt_path"):  # the checkpoint holds the trained weights, its head included: no file is read
-            if weights is not None:
-                init_args.weights = weights = None
-            config.weights_file = None
+        if self.restored is not None:  # the checkpoint holds the trained weights, its head included: no file is read
+            weights = config.weights_file = None
+        if weights is not None or "weights" in init_args:
+            init_args.weights = None  # built without them, loaded from the cache below (never torch hub's loader)
         weights_file = config.get("weights_file")
         if weights_file and not Path(weights_file).is_file():  # before any data is read
             raise FileNotFoundError(
@@ -275,10 +249,7 @@ class ClassificationCLI(LightningCLI):
             )
         data_args = data_config.get("init_args") or Namespace()
         if weights is not None:
-            if weights_file:  # these weights, from the file given: built without them, loaded below
-                init_args.weights = None
-            else:
-                check_cached(weights)
+            weights_file = weights_file or check_cached(weights)
             stats = weights.transforms()  # how the weights were trained: their normalisation and input size
             if "mean" in data_args and data_args.mean is None and data_args.get("std") is None:
                 data_args.mean, data_args.std = list(stats.mean), list(stats.std)
@@ -289,15 +260,13 @@ class ClassificationCLI(LightningCLI):
         instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
         data = instantiate(parser.parse_object({"data": data_config.as_dict()})).data
         if isinstance(data.hparams, dict):  # what LightningCLI's own instantiation records: checkpoints name the class
-            data.hparams.update({"_class_path": data_config.class_path, "_instantiator": INSTANTIATOR})
+            data.hparams["_class_path"] = data_config.class_path
         if "image_size" in data_args and data_args.image_size is None:  # config.yaml records the size used
             height, width = data.image_size
             data_args.image_size = height if height == width else [height, width]
-        arguments = network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
-        hub = weights is not None and not weights_file
-        if hub:
-            arguments.pop("num_classes", None)  # built with the weights' own head, replaced below
-        net.init_args = Namespace(**arguments)
+        net.init_args = Namespace(
+            **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
+        )
         config.data = data  # jsonargparse takes an instance as it is: built once
         try:
             with warnings.catch_warnings():  # jsonargparse tries to write the instance out, and says it cannot
@@ -305,57 +274,67 @@ class ClassificationCLI(LightningCLI):
                 super().instantiate_classes()
         finally:
             config.data = data_config  # the configuration stays one of values (config.yaml)
-        if hub:
-            replace_head(self.model.net, data.num_classes)
-        elif weights_file:
+        if weights_file:
             load_pretrained(self.model.net, weights_file, head_name(self.model.net))
         check_fits(self.model.net, data.input_shape, data.num_classes)
 
     def after_instantiate_classes(self) -> None:
         """Refuse data that contradicts what the checkpoint was trained on: a silent resize or
         another class list would give confident answers to a different question."""
-        if self.trained is None or self.datamodule is None:
+        if self.restored is None:
             return
-        ckpt_path, trained = self.trained
-        data = self.datamodule
+        # The Trainer restores it (its tensors and states, checked by AtomicCheckpointIO); config.yaml records it.
+        path = self.config_init[self.subcommand]["ckpt_path"] = self.config[self.subcommand]["ckpt_path"] = str(
+            self.restored.path
+        )
+        data, trained = self.datamodule, self.restored.trained
         mismatches = []
         for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
                           ("class_names", "class names")):  # fmt: skip
             then, now = trained.get(key), getattr(data, key, None)
-            if then is not None and now is not None and list_of(then) != list_of(now):
-                mismatches.append(f"{what}: trained on {list_of(then)}, the data gives {list_of(now)}")
+            if then is not None and now is not None and as_list(then) != as_list(now):
+                mismatches.append(f"{what}: trained on {as_list(then)}, the data gives {as_list(now)}")
         if mismatches:
             raise ValueError(
-                f"{ckpt_path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
-                "that change them: evaluating a checkpoint starts from the data it was trained with."
+                f"{path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data "
+                "options that change them: evaluating a checkpoint starts from the data it was trained with."
             )
-        if self.preprocessing is not None and isinstance(data, ImageDataModule):
+        if self.restored.preprocessing is not None and isinstance(data, ImageDataModule):
             # Normalised as in training, whatever DataModule is given, and without its training images.
-            data.use_preprocessing(self.preprocessing, source=ckpt_path)
+            data.use_preprocessing(self.restored.preprocessing, source=path)
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
             # Written in the training thread, not by Lightning's AsyncCheckpointIO: ModelCheckpoint
             # deletes the previous best as soon as it has saved the new one, and a write still in
-            # flight then leaves no best checkpoint to a crash. (On a CPU-bound machine a writer
-            # thread also only moves the ~15 ms of a write into the next steps.)
+            # flight then leaves no best checkpoint to a crash.
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if self.subcommand != "predict":
             # It writes predictions and nothing else; elsewhere it would only add calls to every step.
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
-        skip_empty_batch_hooks(trainer.callbacks)  # ~50 µs a step of calls to empty hooks
-        if torch.cuda.device_count() == 0:
-            # Lightning sets this on import, so that looking for CUDA never initialises it in a
-            # process that forks later. With no CUDA device there is nothing to initialise, and
-            # with a CUDA build of torch the variable makes every Adam(W) step probe for the
-            # NVIDIA library again (torch.optim asks whether an accelerator is available): ~40 µs.
-            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
         return trainer
 
+    def after_validate(self) -> None:
+        self.print_evaluated("val")
+
+    def after_test(self) -> None:
+        self.print_evaluated("test")
+
+    def print_evaluated(self, split: str) -> None:
+        """How many images the score is of: the whole split, or a part of it that options limited."""
+        count, data = self.model.images_evaluated.get(split), self.datamodule
+        if self.trainer.is_global_zero and count and f"{split}/acc" in self.trainer.callback_metrics:
+            size = len(data.datasets[split]) if split in getattr(data, "datasets", {}) else count
+            part = "the whole split" if count >= size else f"of {size}: limited by this command's options"
+            acc = float(self.trainer.callback_metrics[f"{split}/acc"])
+            print(f"{split}/acc {acc:.4f} on {count} images ({part})")
+
     def after_fit(self) -> None:
-        if self.trainer.is_global_zero:  # rank 0 alone prints, so it asks alone: no broadcast
-            self.print_summary(Path(run_directory(self.trainer) or "."))
+        if self.trainer.is_global_zero and self.trainer.fast_dev_run:
+            print("fast_dev_run: a few batches through every step, nothing written (no run directory, no checkpoint)")
+        elif self.trainer.is_global_zero:  # rank 0 alone prints, so it asks alone: no broadcast
+            self.print_summary(Path(run_directory(self.trainer) or self.trainer.default_root_dir).resolve())
 
     def print_summary(self, run_dir: Path) -> None:
         # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
@@ -372,7 +351,15 @@ class ClassificationCLI(LightningCLI):
             # Only where `test` has images to read: a folder without test/ and test_fraction 0 has none.
             # Nor in a sweep's trial or a fold of cv, each one of many runs: test the one chosen, once.
             if getattr(self.datamodule, "has_test", True) and self.run_name is None:
-                lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}")
+                root = getattr(self.datamodule, "root", None)  # where the images are: the command says, never the file
+                where = f" --data.root {root}" if root else ""
+                lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}{where}")
+        rows = next((c.rows for c in self.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
+        if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:
+            (first, lr), (last, lr_last) = lrs[0], lrs[-1]
+            lines.append(
+                f"learning rate    {lr:.3g} at epoch {first}" + f", {lr_last:.3g} at epoch {last}" * (last > first)
+            )
         lines.append(f"curves:          tensorboard --logdir {run_dir}")
         configured = loggers_of(self.config.get(str(self.subcommand), self.config))[1:]
         lines += [where_to_look(tracker, settings) for tracker, settings in zip(self.trainer.loggers[1:], configured)]
@@ -397,7 +384,21 @@ def with_default_config(argv: list[str], run: bool) -> list[str]:
     return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
 
 
-def list_of(value) -> list | int:
+def recipe_run_name() -> str | None:
+    """The run name the recipe's defaults give (runs/<name>/version_N), which a user's config may change."""
+    logger = (yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}).get("logger") or {}
+    return (logger.get("init_args") or {}).get("name")
+
+
+def trained_run_name(ckpt_path: Path) -> str | None:
+    """The name of the run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), or a loose
+    checkpoint's file name: what evaluating it is named after, under the user's runs directory."""
+    path = ckpt_path.resolve()
+    name = path.parents[2].name if path.parent.name == "checkpoints" and len(path.parents) > 2 else path.stem
+    return name if re.fullmatch(r"[A-Za-z0-9][\w.-]{0,99}", name) else None
+
+
+def as_list(value) -> list | int:
     return list(value) if isinstance(value, list | tuple) else value
 
 
@@ -430,7 +431,7 @@ def cli(
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
-            parser_class=ArgumentParser_,
+            parser_class=ConciseArgumentParser,
             subclass_mode_model=True,
             # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
             # the checkpoint on pre-emption. Fresh for every run.

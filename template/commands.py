@@ -5,6 +5,7 @@ import importlib
 import sys
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from template.cli import (  # one name a line: a renamed project's longer package name fits
@@ -31,8 +32,10 @@ def main(args: list[str] | None = None) -> None:
     except Exception as error:
         if wants_traceback():
             raise
-        print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
-        print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)
+        # A mistake in the data or the options is every DDP process's: said once, by rank 0.
+        if rank_zero_only.rank == 0 or not isinstance(error, ValueError | FileNotFoundError):
+            print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
+            print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
     # Lightning leaves the process group up. A gloo group still alive at interpreter exit can
     # abort the process ("terminate called without an active exception"), and torchrun then

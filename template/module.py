@@ -1,6 +1,5 @@
 """The training recipe as a LightningModule: loss, metrics, parameter groups, optimizer and schedule."""
 
-import os
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -12,11 +11,11 @@ from lightning.pytorch.utilities import grad_norm
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from template.checkpoints import read_checkpoint
-from template.schedule import WarmupCosine, build_scheduler
+from template.restore import load_module, register
+from template.schedule import WarmupCosine, build_scheduler, interval_of
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 
@@ -56,8 +55,9 @@ class ClassificationModule(L.LightningModule):
         lr_scheduler: builds the scheduler from the optimizer: any torch scheduler with its own
             arguments; one that takes ``total_steps`` gets the run's optimizer steps there unless
             given (``template.schedule.build_scheduler``); ``None`` keeps the learning rate constant.
-        scheduler_interval: step the scheduler after every optimizer ``step`` or every ``epoch``
-            (StepLR's step_size counts these).
+        scheduler_interval: step the scheduler after every optimizer ``step`` or every ``epoch``; by default
+            the interval its own arguments count (``template.schedule.interval_of``): steps for one planned
+            over the run's optimizer steps (warmup-cosine, OneCycleLR), epochs for torch's others (StepLR...).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
         label_smoothing: mass moved from the true class to all classes in the loss.
         channels_last: keep weights and inputs in NHWC memory order, which tensor-core
@@ -76,7 +76,7 @@ class ClassificationModule(L.LightningModule):
         input_shape: tuple[int, int, int] | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: SchedulerCallable | None = WarmupCosine,
-        scheduler_interval: Literal["step", "epoch"] = "step",
+        scheduler_interval: Literal["step", "epoch"] | None = None,
         scheduler_monitor: str = "val/loss",
         label_smoothing: float = 0.0,
         channels_last: bool = False,
@@ -115,16 +115,17 @@ class ClassificationModule(L.LightningModule):
         # "disable": a NaN loss shows as NaN (the default drops it with a warning), and no check syncs.
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
+        self.val_images, self.test_images = SumMetric(), SumMetric()  # how many were evaluated, over all ranks
+        self.images_evaluated: dict[str, int] = {}
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):
-        """Lightning's ``load_from_checkpoint``, after the checks of an untrusted file: no pickled
-        objects, no class path it may not name, tensors that match their digest
-        (``template.checkpoints.read_checkpoint``)."""
-        if not isinstance(checkpoint_path, str | os.PathLike) or "://" in str(checkpoint_path):
-            raise TypeError(f"{cls.__name__}.load_from_checkpoint takes the path of a local file here")
-        read_checkpoint(checkpoint_path, cls)
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=True, **kwargs):
+        """The module of a checkpoint, rebuilt by ``template.restore`` (registry names and literal values, tensors
+        checked against their digest), not by Lightning's loader, which would parse whatever its file names.
+        Arguments given override the checkpoint's (``net=`` a network, say)."""
+        if hparams_file is not None:
+            raise TypeError("hparams_file is not read: a checkpoint's own record says what it is (template.restore)")
+        return load_module(cls, checkpoint_path, map_location, strict, **kwargs)
 
     def setup(self, stage: str) -> None:
         if self.channels_last:  # moving to the device later keeps the memory format
@@ -182,6 +183,7 @@ class ClassificationModule(L.LightningModule):
         # The batch's mean loss once per image, so the epoch's is each image's (a last, smaller
         # batch weighs less). Not MeanMetric's weight=: torchmetrics 1.9 drops it with nan_strategy "disable".
         getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
+        getattr(self, f"{split}_images").update(len(labels))
         return logits
 
     def _log_evaluation(self, split: str) -> None:
@@ -189,6 +191,9 @@ class ClassificationModule(L.LightningModule):
         # DDP ranks (so every rank checkpoints on the same value), and resets them.
         self.log(f"{split}/loss", getattr(self, f"{split}_loss"))
         self.log(f"{split}/acc", getattr(self, f"{split}_acc"), prog_bar=True)
+        counter = getattr(self, f"{split}_images")
+        self.images_evaluated[split] = int(counter.compute())
+        counter.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self._evaluate(batch, "val")  # the logits, for callbacks (confusion matrix, misclassified)
@@ -212,8 +217,10 @@ class ClassificationModule(L.LightningModule):
             return {"optimizer": optimizer}
         steps = int(self.trainer.estimated_stepping_batches)
         scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, steps)
-        # interval "step" by default: warmup and cosine are defined per optimizer step, not per epoch.
-        settings = {"scheduler": scheduler, "interval": self.scheduler_interval, "name": "lr"}
+        settings = {"scheduler": scheduler, "interval": self.scheduler_interval or interval_of(scheduler), "name": "lr"}
         if isinstance(scheduler, ReduceLROnPlateau):
             settings["monitor"] = self.scheduler_monitor
         return {"optimizer": optimizer, "lr_scheduler": settings}
+
+
+register(ClassificationModule)

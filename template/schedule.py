@@ -8,7 +8,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import CyclicLR, LRScheduler
 
 
 class WarmupCosine(LRScheduler):
@@ -100,3 +100,11 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
     if takes_total and given.get("total_steps") is None:
         return make(optimizer, total_steps=total_steps)
     return make(optimizer)
+
+
+def interval_of(scheduler: Any) -> str:
+    """The interval a scheduler's own arguments are counted in: ``step`` for one planned over optimizer steps
+    (a ``total_steps``, as WarmupCosine and OneCycleLR take; CyclicLR's step sizes), ``epoch`` for torch's
+    others (StepLR's step_size, MultiStepLR's milestones, CosineAnnealingLR's T_max, ReduceLROnPlateau's
+    patience), as every PyTorch user reads them."""
+    return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"

@@ -21,7 +21,7 @@ from lightning.pytorch import loggers  # each imports its tracker only when used
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from template.untrusted import DamagedCheckpointError
+from template.checkpoints import DamagedCheckpointError
 
 # In a run directory: the id of the run each tracker logs into, by logger class, for a resume to log on into it.
 TRACKER_RUNS = "trackers.json"

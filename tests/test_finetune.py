@@ -1,14 +1,17 @@
 """Pretrained weights from the hub cache or a file, a new head, the weights' input size, and a frozen-then-unfrozen
 backbone."""
 
+import hashlib
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
-from conftest import write_image_folder
+from conftest import tiny_args, write_image_folder
 from safetensors.torch import save_file
+from torchvision.models import ResNet18_Weights
 
 from template.checkpoints import DamagedCheckpointError, load_pretrained
 from template.cli import cli
@@ -25,10 +28,48 @@ def hub_cache(tmp_path, monkeypatch) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     state = torchvision.models.resnet18().state_dict()  # 1000-class head, as the real file
     state["conv1.weight"].fill_(0.01)  # recognisable after loading
-    folder = tmp_path / "torch" / "hub" / "checkpoints"
-    folder.mkdir(parents=True)
-    torch.save(state, folder / "resnet18-f37072fd.pth")
+    cache_file(tmp_path, monkeypatch, lambda path: torch.save(state, path))
     return state
+
+
+def cache_file(tmp_path, monkeypatch, write) -> Path:
+    """resnet18's DEFAULT weights file in the torch hub cache, named with its own hash prefix as torchvision's
+    files are (``resnet18-<sha256[:8]>.pth``), the weights' URL pointing at that name."""
+    folder = tmp_path / "torch" / "hub" / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / "written")
+    digest = hashlib.sha256((folder / "written").read_bytes()).hexdigest()[:8]
+    path = (folder / "written").rename(folder / f"resnet18-{digest}.pth")
+    monkeypatch.setattr(ResNet18_Weights.DEFAULT.value, "url", f"https://download.pytorch.org/models/{path.name}")
+    return path
+
+
+def test_a_poisoned_or_damaged_hub_cache_file_is_refused_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    """torch hub's own loader unpickles a cached file whatever it holds; here it is tensors only, and its
+    contents must match the hash prefix in its name."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    path = cache_file(tmp_path, monkeypatch, lambda path: torch.save({"x": Payload(str(marker))}, path))
+    args = ["fit", *tiny_args(tmp_path / "runs"), "--model.net", "torchvision.models.resnet18"]
+    args += ["--model.net.weights", "DEFAULT", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1"]
+    with pytest.raises(SystemExit):
+        main(args)
+    assert f"refusing to load {path}: it needs arbitrary pickled objects" in capsys.readouterr().err
+    assert not marker.exists()
+    path.write_bytes(path.read_bytes() + b"\0")  # no longer what its name says
+    with pytest.raises(SystemExit):
+        main(args)
+    assert f"refusing {path}: its contents do not match the hash" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+class Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.mark.slow
@@ -56,9 +97,9 @@ def test_finetuning_loads_cached_weights_replaces_the_head_and_unfreezes_on_sche
     assert groups["backbone_no_decay"]["weight_decay"] == 0.0
     assert not torch.equal(second.model.net.conv1.weight, hub_cache["conv1.weight"])
 
-    # The checkpoint alone evaluates and exports: the pretrained file is not needed any more.
+    # The checkpoint and the images to evaluate: the pretrained file is not needed any more.
     shutil.rmtree(tmp_path / "torch")
-    assert "test/acc" in run_cli("test", "--ckpt_path", "last").trainer.callback_metrics
+    assert "test/acc" in run_cli("test", "--ckpt_path", "last", "--data.root", str(images)).trainer.callback_metrics
     main(["export", "--ckpt_path", "last", "--format", "safetensors", "--output", str(tmp_path / "net.safetensors")])
 
 

@@ -1,6 +1,8 @@
 """Any torch scheduler from YAML: its own arguments, and the run's total steps where it takes them."""
 
+import csv
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,8 +36,6 @@ def test_a_scheduler_that_plans_the_run_gets_its_total_steps_unless_given():
             "1",
             "--model.lr_scheduler.gamma",
             "0.5",
-            "--model.scheduler_interval",
-            "epoch",
         ],
         [
             "--model.lr_scheduler",
@@ -46,8 +46,6 @@ def test_a_scheduler_that_plans_the_run_gets_its_total_steps_unless_given():
             "0",
             "--model.lr_scheduler.threshold",
             "10",
-            "--model.scheduler_interval",
-            "epoch",
         ],
     ],  # fmt: skip
     ids=["StepLR", "ReduceLROnPlateau"],
@@ -57,3 +55,18 @@ def test_torch_schedulers_from_the_command_line_decay_as_asked(run_cli, schedule
     trained = run_cli("fit", *quick, *scheduler)
     # Halved after each of the 3 epochs (ReduceLROnPlateau: no val/loss improvement of 10 counts as none).
     assert trained.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.003 * 0.5**3)
+
+
+def test_an_epoch_counted_schedule_steps_per_epoch_and_the_summary_shows_where_the_lr_went(run_cli, capsys):
+    """StepLR's step_size counts epochs, as every PyTorch user reads it: stepped per batch, the LR was 0.0 from the
+    first epoch on."""
+    quick = ["--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "3"]
+    step = ["--model.lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--model.lr_scheduler.step_size", "1"]
+    trained = run_cli("fit", *quick, *step, "--model.lr_scheduler.gamma", "0.1")
+    metrics = Path(trained.trainer.log_dir) / "metrics.csv"
+    rates = [float(row["lr"]) for row in csv.DictReader(metrics.open())]
+    assert rates == pytest.approx([0.003, 0.0003, 0.00003])
+    assert "learning rate    0.003 at epoch 0, 3e-05 at epoch 2" in capsys.readouterr().out
+    # The recipe's warmup-cosine is planned in optimizer steps: stepped per batch (warmup over 5% of 12 steps).
+    cosine = run_cli("fit", *quick, "--trainer.logger.init_args.name", "cosine")
+    assert cosine.trainer.lr_scheduler_configs[0].interval == "step"

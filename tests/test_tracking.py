@@ -12,20 +12,14 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import lightning as L
 import pytest
-import yaml
 from conftest import tiny_args
 from jsonargparse import Namespace
 
+from template.checkpoints import DamagedCheckpointError
 from template.cli import PROGRAM
-from template.runs import trained_config
+from template.runs import continue_tracker_runs
 from template.tracking import TRACKER_RUNS, flattened, resolve_trackers, tracker_runs
-from template.untrusted import (  # one name a line: a renamed project's longer package name fits
-    DamagedCheckpointError,
-    UnsafeCheckpointError,
-    check_config,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"
@@ -100,42 +94,25 @@ def test_a_tracker_logs_to_mlflow_tracking_uri_when_set_else_beside_the_run_dire
     assert resolve_trackers([recorded, again], str(tmp_path / "runs"), "digits") == [recorded]
 
 
-def test_evaluating_starts_new_tracker_runs_and_resuming_continues_the_recorded_ones(tmp_path):
+def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_nothing_else(tmp_path):
     run_dir = tmp_path / "runs" / "digits" / "version_0"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    loggers = [
-        {"class_path": TENSORBOARD, "init_args": {"save_dir": str(tmp_path / "runs"), "version": "version_0"}},
-        {"class_path": MLFLOW, "init_args": {"tracking_uri": "http://127.0.0.1:5999", "run_id": None}},
-        {"class_path": WANDB, "init_args": {"project": "digits", "offline": True, "resume": "allow"}},
-    ]
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"logger": loggers, "max_epochs": 1}}))
-    record = {"lightning.pytorch.loggers.mlflow.MLFlowLogger": {"run_id": "0123abcd"},
+    run_dir.mkdir(parents=True)
+    record = {"template.tracking.MLFlowLogger": {"run_id": "0123abcd"},
               "lightning.pytorch.loggers.wandb.WandbLogger": {"id": "j4wx0qr8"}}  # fmt: skip
     (run_dir / TRACKER_RUNS).write_text(json.dumps(record))
-    checkpoint, sections = {}, {"trainer": L.Trainer}
-
-    def init_args(evaluating: bool) -> list[dict]:
-        config = trained_config(run_dir / "checkpoints" / "last.ckpt", checkpoint, sections, evaluating)
-        return [logger["init_args"] for logger in config["trainer"]["logger"]]
-
-    tensorboard, mlflow, wandb = init_args(evaluating=False)
-    assert mlflow["run_id"] == "0123abcd" and wandb["id"] == "j4wx0qr8" and tensorboard["version"] == "version_0"
-    assert all(not ({"version", "run_id", "id"} & set(each)) for each in init_args(evaluating=True))
+    ids = Namespace(tracking_uri=None, run_id=None)
+    mlflow = Namespace(class_path="template.tracking.MLFlowLogger", init_args=ids)
+    wandb = Namespace(class_path=WANDB, init_args=Namespace(project="digits", id=None))
+    own = Namespace(class_path=WANDB, init_args=Namespace(project="digits", id="mine"))  # given: it stays
+    continue_tracker_runs([mlflow, wandb], run_dir)
+    assert mlflow.init_args.run_id == "0123abcd" and wandb.init_args.id == "j4wx0qr8"
+    continue_tracker_runs([own], run_dir)
+    assert own.init_args.id == "mine"
 
     for damaged in ("{", '{"x": {"run_id": "../../etc"}}', '{"x": {"command": "abc"}}', "[1]"):
         (run_dir / TRACKER_RUNS).write_text(damaged)
         with pytest.raises(DamagedCheckpointError, match=TRACKER_RUNS):
             tracker_runs(run_dir)
-
-
-def test_a_config_with_a_logger_list_passes_its_checks_and_a_stranger_in_it_is_refused():
-    loggers = [{"class_path": TENSORBOARD, "init_args": {"save_dir": "runs"}},
-               {"class_path": MLFLOW, "init_args": {"tracking_uri": "sqlite:////runs/mlflow.db", "run_id": "0a1b"}},
-               {"class_path": WANDB, "init_args": {"project": "digits", "resume": "allow", "mode": "offline"}}]  # fmt: skip
-    check_config({"trainer": {"logger": loggers}}, "config.yaml", {"trainer": L.Trainer})
-    hostile = [*loggers, {"class_path": "os.system", "init_args": {"command": "true"}}]
-    with pytest.raises(UnsafeCheckpointError, match=r"trainer.logger\[3\].class_path names 'os.system'"):
-        check_config({"trainer": {"logger": hostile}}, "config.yaml", {"trainer": L.Trainer})
 
 
 def free_port() -> int:
@@ -209,7 +186,8 @@ def test_mlflow_server_gets_the_config_and_val_acc_and_a_resume_logs_on_into_the
 
     # Another machine's loader workers: a hyper-parameter Lightning logs again, which MLflow cannot change.
     last = str(run_dir / "checkpoints" / "last.ckpt")
-    fit(tmp_path, env, "--ckpt_path", last, "--trainer.max_epochs", "2", "--data.num_workers", "1", *QUICK)
+    again = ["--config", config, "--ckpt_path", last]  # the tracker is the user's to name again: never the run's
+    fit(tmp_path, env, *again, "--trainer.max_epochs", "2", "--data.num_workers", "1", *QUICK)
     assert json.loads((run_dir / TRACKER_RUNS).read_text())["template.tracking.MLFlowLogger"] == {"run_id": run_id}
     history = rest(mlflow_server, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key="val/acc")
     steps = sorted(metric["step"] for metric in history["metrics"])
@@ -220,7 +198,7 @@ def test_mlflow_server_gets_the_config_and_val_acc_and_a_resume_logs_on_into_the
     assert [each["info"]["run_id"] for each in runs.get("runs", [])] == [run_id]  # no second run
 
     # Evaluating the checkpoint: a new MLflow run, as a new run directory; the training run's curves stay as they were.
-    fit(tmp_path, env, "--ckpt_path", last, "--trainer.limit_test_batches", "1", subcommand="test")
+    fit(tmp_path, env, *again, "--trainer.limit_test_batches", "1", subcommand="test")
     runs = rest(mlflow_server, "/api/2.0/mlflow/runs/search", post={"experiment_ids": [experiment_id]})["runs"]
     (evaluation,) = [each for each in runs if each["info"]["run_id"] != run_id]
     assert {param["key"]: param["value"] for param in evaluation["data"]["params"]}["ckpt_path"] == last
@@ -252,10 +230,12 @@ def wandb_records(path: Path, block: int = 32768):
 @pytest.mark.slow
 def test_a_wandb_offline_run_holds_the_config_and_metrics_and_a_resume_keeps_its_id(tmp_path):
     env = offline_env(tmp_path)
-    fit(tmp_path, env, "--config", str(REPO / "configs" / "logger" / "wandb.yaml"), "--trainer.max_epochs", "1", *QUICK)
+    wandb = ["--config", str(REPO / "configs" / "logger" / "wandb.yaml")]
+    fit(tmp_path, env, *wandb, "--trainer.max_epochs", "1", *QUICK)
     run_dir = tmp_path / "runs" / "digits" / "version_0"
     run_id = json.loads((run_dir / TRACKER_RUNS).read_text())["lightning.pytorch.loggers.wandb.WandbLogger"]["id"]
-    fit(tmp_path, env, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), "--trainer.max_epochs", "2", *QUICK)
+    last = str(run_dir / "checkpoints" / "last.ckpt")
+    fit(tmp_path, env, *wandb, "--ckpt_path", last, "--trainer.max_epochs", "2", *QUICK)
 
     offline_runs = sorted((tmp_path / "runs" / "wandb").glob("offline-run-*"))
     assert [path.name.rsplit("-", 1)[1] for path in offline_runs] == [run_id, run_id]  # `wandb sync` joins them

@@ -50,6 +50,11 @@ class TrainingMonitor(Callback):
         self._before: dict = {}
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
+    @property
+    def rows(self) -> list[dict]:
+        """The epochs' rows of metrics.csv so far."""
+        return self._rows
+
     def state_dict(self) -> dict:
         self._write_row()
         return {"rows": self._rows}  # so that a resumed run's metrics.csv keeps the epochs before it
@@ -84,6 +89,8 @@ class TrainingMonitor(Callback):
         # repeat in every row after it. Each value logged or computed anew is a new tensor, so
         # the ones still the same objects at the epoch's end are from an earlier epoch.
         self._before = dict(trainer.callback_metrics)
+        # The learning rate the epoch starts with (the first group's): a schedule that collapsed shows.
+        self._lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
@@ -98,7 +105,8 @@ class TrainingMonitor(Callback):
         # Lightning calls the module's on_train_epoch_end after this one, and a module may log its
         # epoch metrics there (ours logs train/acc): the row waits for the first hook after it, the
         # saving of a checkpoint (which carries the rows), the next epoch, or the end of training.
-        self._pending = (trainer, {"epoch": trainer.current_epoch, "step": trainer.global_step}, speed)
+        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
+        self._pending = (trainer, row, speed)
 
     def _write_row(self) -> None:
         if self._pending is None:

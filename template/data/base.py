@@ -129,6 +129,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
     in_channels: int
     class_names: list[str]
     resize: str = "none"  # how an image file reaches image_size: a key of preprocessing.RESIZE
+    has_test: bool = True  # whether `test` has a split; a source with none sets it False (in __init__ too)
 
     def __init__(
         self,
@@ -204,11 +205,6 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return self.image_size
 
     @property
-    def has_test(self) -> bool:
-        """Whether ``test`` has a split to evaluate; a source that may have none says so."""
-        return True
-
-    @property
     def input_shape(self) -> tuple[int, int, int]:
         return (self.in_channels, *self.image_size)
 
@@ -242,6 +238,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         for split in needed:
             if split not in self.datasets:
                 self.datasets[split] = self.make_dataset(split)
+                if split in ("val", "test"):
+                    self._in_turns(split)
         if stage == "fit" and len(self.mean) == 0:
             self._compute_normalization()
         # Evaluating, the statistics come from the checkpoint (load_state_dict, after setup); without
@@ -263,6 +261,20 @@ class ImageDataModule(L.LightningDataModule, ABC):
         train, val = list(cuts)[self.fold]
         self.fold_indices = {"train": train, "val": val}
         self.datasets["train"], self.datasets["val"] = pooled.subset(train), pooled.subset(val)
+        self._in_turns("val")
+
+    def _in_turns(self, split: str) -> None:
+        """The split's classes taking turns (a first image of each class, then a second...), each class's own
+        order kept: any prefix of it (a limited validation, the first batches) is balanced. Its files, where
+        the source names them (``split_files``), in the same order."""
+        labels = np.asarray(self.datasets[split].labels)
+        turn = np.zeros(len(labels), dtype=np.int64)
+        for label in np.unique(labels):
+            turn[labels == label] = np.arange((labels == label).sum())
+        order = np.lexsort((labels, turn))
+        self.datasets[split] = self.datasets[split].subset(order)
+        if split in getattr(self, "split_files", {}):
+            self.split_files[split] = [self.split_files[split][index] for index in order]
 
     def _compute_normalization(self) -> None:
         if "train" not in self.datasets:
@@ -318,9 +330,13 @@ class ImageDataModule(L.LightningDataModule, ABC):
         full_batches, rest = divmod(len(dataset) // world_size, batch_size)
         drop_last = rest < batch_size / 2
         if train and full_batches == 0 and drop_last:
+            # The option that decides the batch: global_batch_size, when set (configs/trainer/ddp.yaml sets it).
+            option = "global_batch_size" if self.global_batch_size is not None else "batch_size"
+            shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(batch_size={batch_size}): there would be no training batch at all; lower data.batch_size"
+                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch at all; "
+                f"lower data.{option}"
             )
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         workers = self.loader_workers(dataset)

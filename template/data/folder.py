@@ -129,7 +129,7 @@ class ImageFolderDataModule(ImageDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | None = None,
         image_size: int | tuple[int, int] | None = None,
         resize_size: int | tuple[int, int] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
@@ -175,7 +175,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.save_hyperparameters()
         if not 0 <= test_fraction < 1:
             raise ValueError(f"data.test_fraction={test_fraction} must be at least 0 and below 1")
-        self.root = Path(root)
+        self.root = Path(root) if root else None
         self.image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
@@ -213,6 +213,10 @@ class ImageFolderDataModule(ImageDataModule):
         only given classes (a trained model's) allow going on: what needs train/ then says it is missing."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
             raise ValueError(f"data classes must be at least two different names, not {classes}")
+        if self.root is None:  # a trained model's classes alone: predict_path's images, or nothing
+            if classes is None:
+                raise ValueError("data.root is not set: give --data.root DIR, the folder that holds train/<class>/")
+            return {}
         train = self.root / "train"
         if not train.is_dir() and classes is None:
             raise FileNotFoundError(
@@ -233,19 +237,37 @@ class ImageFolderDataModule(ImageDataModule):
                     f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
                     f"class folders of {train}: {sorted(folders['train'])}"
                 )
+        problems = []  # every problem of the layout, then of the files, said in one message: one round of fixes
         empty = [str(self.root / split / name) for split, found in folders.items()
                  for name, files in found.items() if not files]  # fmt: skip
         if empty:
-            raise ValueError(describe(empty, "empty class folder(s); remove them or add images"))
+            problems.append(describe(empty, "empty class folder(s); remove them or add images"))
         known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")
         for split in ("val", "test"):
             unknown = sorted(set(folders.get(split, {})) - known)
             if unknown:
-                raise ValueError(
+                problems.append(
                     f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}. The model can only "
                     f"learn classes it trains on; add them to {train} or remove them from {self.root / split}"
                 )
+        if problems:
+            raise ValueError(self._with_unreadable(problems, folders))
         return folders
+
+    def _with_unreadable(self, problems: list[str], folders: dict, checked: str | None = None) -> str:
+        """``problems`` and the unreadable files of every split folder (but ``checked``, already said), as one
+        message: the layout and the files are fixed in one round, not one problem a run."""
+        for split, found in folders.items():
+            files = [path for name in sorted(found) for path in found[name]]
+            invalid = (
+                load_or_check(files, self.mode, self.cache_dir, self.num_workers, split) if split != checked else {}
+            )
+            if invalid and not self.skip_invalid:
+                named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
+                problems.append(describe(named, f"unreadable file(s) in {self.root / split}"))
+        return (
+            problems[0] if len(problems) == 1 else f"{len(problems)} problems in {self.root}:\n" + "\n".join(problems)
+        )
 
     def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
         """Unreadable files of one source folder: from the cache build, or from one checking pass."""
@@ -274,8 +296,9 @@ class ImageFolderDataModule(ImageDataModule):
             if invalid:
                 named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
                 if not self.skip_invalid:
+                    problems = [describe(named, f"unreadable file(s) in {self.root / split}")]
                     raise ValueError(
-                        describe(named, f"unreadable file(s) in {self.root / split}")
+                        self._with_unreadable(problems, self.folders if split != "predict" else {}, checked=split)
                         + "\nRemove or replace them, or set data.skip_invalid: true to leave them out."
                     )
                 rank_zero_warn(describe(named, f"unreadable file(s) left out of {split} (skip_invalid)"))
@@ -301,6 +324,8 @@ class ImageFolderDataModule(ImageDataModule):
         if split == "predict":
             files = self._predict_files()
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
+        if self.root is None:
+            raise FileNotFoundError(f"{split} needs images: give --data.root DIR, the folder of the {split}/ images")
         if split not in self.folders:
             held_out = ", set data.test_fraction above 0 to hold a share of train/ out, or run validate"
             or_else = held_out if split == "test" else ""

@@ -1,12 +1,14 @@
 """Pretrained torchvision weights, offline: found in the torch hub cache or named as missing, and a new head.
 
 ``--model.net torchvision.models.resnet18 --model.net.weights DEFAULT`` builds the network with the
-weights' own head (1000 ImageNet classes), then ``replace_head`` puts a fresh one with the data's
-class count in place of it. Nothing is downloaded while training: a weights file that is not in
-the cache is an error naming the file and the folder to put it in. A ``weights_file`` is read in
-place of the cache by ``template.checkpoints.load_pretrained``, with the same head rule.
+data's class count and no weights, then ``template.checkpoints.load_pretrained`` reads the weights'
+file from the torch hub cache (checked against the hash in its name, tensors only: never torch hub's
+own loader, which unpickles) into everything but the head. Nothing is downloaded while training: a
+weights file that is not in the cache is an error naming the file and the folder to put it in. A
+``weights_file`` is read in place of the cache, with the same head rule.
 """
 
+import hashlib
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,10 @@ def cached_file(weights: Any) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
 
 
-def check_cached(weights: Any) -> None:
-    """Refuse, before anything is built, pretrained weights that would have to be downloaded."""
+def check_cached(weights: Any) -> Path:
+    """The torch hub cache's file of ``weights``, refused if it is missing (nothing is downloaded during a
+    run) or if its contents do not match the hash prefix in its name (torchvision's convention,
+    ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
     path = cached_file(weights)
     if not path.is_file():
         raise FileNotFoundError(
@@ -35,6 +39,18 @@ def check_cached(weights: Any) -> None:
             f"{path.name} (from {weights.url}) in {path.parent}, or point TORCH_HOME at a folder whose "
             "hub/checkpoints holds it; nothing is downloaded during a run"
         )
+    expected = torch.hub.HASH_REGEX.search(path.name)
+    if expected is not None:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        if not digest.hexdigest().startswith(expected.group(1)):
+            raise ValueError(
+                f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
+                f"not torchvision's file); replace it with {weights.url}"
+            )
+    return path
 
 
 def replace_head(net: nn.Module, num_classes: int) -> nn.Linear | None:

@@ -2,8 +2,8 @@
 
     template export --ckpt_path best --format onnx
 
-The network is rebuilt from the hyper-parameters stored in the checkpoint, its weights are
-loaded without unpickling anything but tensors, and the exported file is then run on the
+The network is rebuilt from the checkpoint's record (``template.restore``: a registry name and literal
+arguments), its weights are loaded without unpickling anything but tensors, and the exported file is then run on the
 same batch as the original: the largest absolute difference of their logits is reported,
 and the export fails above the tolerance.
 
@@ -19,59 +19,51 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
-from jsonargparse import ArgumentParser
 from torch import nn
 
 from template.checkpoints import (
     CHECKPOINT_ALIASES,
-    UnsafeCheckpointError,
+    CheckpointError,
     find_checkpoint,
-    load_checkpoint,
     load_weights,
+    read_checkpoint,
 )
 from template.cli import PROGRAM
-from template.data.preprocessing import recorded_preprocessing
+from template.module import ClassificationModule
+from template.restore import Restored, build, restore
 from template.runs import DEFAULT_RUNS_DIR
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
 
-def build_network(hparams: dict[str, Any]) -> nn.Module:
-    """Instantiate the network the checkpoint was trained with (an ``nn.Module`` subclass only)."""
-    config = hparams.get("net")
-    if not isinstance(config, dict) or "class_path" not in config:
+def network_spec(restored: Restored) -> dict:
+    """The network of a restored checkpoint as registry name and literal arguments, built without pretrained
+    weights (the checkpoint holds all of its own)."""
+    spec = restored.config.get("model", {}).get("init_args", {}).get("net")
+    if not isinstance(spec, dict):
         raise ValueError(
-            "the checkpoint does not say which network it holds (no net class_path in its hyper-parameters); "
+            f"{restored.path} does not say which network it holds (no net in its hyper-parameters); "
             "it was not written by this project's CLI"
         )
-    init_args = config.get("init_args") or {}
-    if init_args.get("weights") is not None:  # pretrained, then fine-tuned: the checkpoint holds all its weights
-        init_args = {**init_args, "weights": None, "num_classes": hparams.get("num_classes")}
-        config = {**config, "init_args": init_args}
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(nn.Module, "net")
-    try:  # refuses a class_path that is not a network before anything is called
-        parsed = parser.parse_object({"net": config})
-    except Exception as error:
-        raise ValueError(f"the checkpoint's network {config.get('class_path')!r} cannot be built: {error}") from None
-    return parser.instantiate_classes(parsed).net
+    if "weights" in spec["init_args"]:
+        spec = {**spec, "init_args": {**spec["init_args"], "weights": None}}
+    return spec
 
 
 def export_safetensors(
-    net: nn.Module, path: Path, hparams: dict[str, Any], metadata: dict[str, str]
+    net: nn.Module, path: Path, spec: dict, input_shape: list[int], metadata: dict[str, str]
 ) -> tuple[nn.Module, dict[str, str]]:
     from safetensors import safe_open
     from safetensors.torch import load_file, save
 
     # The network's class path and input shape too: a reader rebuilds the network from them.
-    metadata = {**metadata, **{key: json.dumps(hparams[key]) for key in ("net", "input_shape")}}
+    metadata = {**metadata, "net": json.dumps(spec), "input_shape": json.dumps(input_shape)}
     # Written by us, not by save_file: its temporary file makes the result mode 0600, readable by
     # its owner alone, where every other output follows the umask (0644 by default).
     path.write_bytes(save({k: v.contiguous() for k, v in net.state_dict().items()}, metadata=metadata))
-    fresh = build_network(hparams)  # the safetensors file must load into a network built anew
+    fresh = build(spec)  # the safetensors file must load into a network built anew
     fresh.load_state_dict(load_file(str(path)))
     with safe_open(str(path), "pt") as file:
         return fresh.eval(), file.metadata()
@@ -113,9 +105,10 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     """Export the network of a checkpoint; returns the path written. Raises if parity fails."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    checkpoint = load_checkpoint(ckpt_path)  # refuses pickled objects before reading anything
-    hparams = checkpoint.get("hyper_parameters", {})
-    net = build_network(hparams)
+    restored = restore(ckpt_path, ClassificationModule, None, fit=False)  # names and literals only, nothing run
+    spec, hparams = network_spec(restored), restored.trained
+    net = build(spec)
+    checkpoint = read_checkpoint(ckpt_path)  # its tensors, checked against their digest
     load_weights(net, checkpoint, strict=True)
     net.eval()
     if not hparams.get("input_shape"):
@@ -124,7 +117,7 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     # What a deployment needs beside the network; the defaults of the module for unnamed classes.
     class_names = hparams.get("class_names") or [str(index) for index in range(hparams["num_classes"])]
     metadata = {"class_names": json.dumps(class_names)}
-    preprocessing = recorded_preprocessing(checkpoint)
+    preprocessing = restored.preprocessing
     if preprocessing is None:
         warnings.warn(
             f"{ckpt_path} records no preprocessing (it was written before checkpoints did, or not by fit), "
@@ -142,7 +135,7 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     path.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, *hparams["input_shape"])
     if fmt == "safetensors":
-        exported, carried = export_safetensors(net, path, hparams, metadata)
+        exported, carried = export_safetensors(net, path, spec, list(hparams["input_shape"]), metadata)
     elif fmt == "torchscript":
         exported, carried = export_torchscript(net, path, example, metadata)
     else:
@@ -183,6 +176,6 @@ def main(args: list[str]) -> None:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
             print(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}")
         export(ckpt_path, options.fmt, options.output, options.tolerance)
-    except (UnsafeCheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
+    except (CheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -22,20 +22,19 @@ import csv
 import io
 import math
 import random
+import re
 import shlex
 import sys
 import time
 import warnings
 from pathlib import Path
 
-import lightning as L
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from template.callbacks.nonfinite import NonFiniteError
-from template.cli import CALLBACKS, PROGRAM
-from template.module import ClassificationModule
+from template.cli import PROGRAM
 
 try:
     import optuna
@@ -45,14 +44,13 @@ try:
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
 from template.data.cache import write_atomic
+from template.runs import is_tensorboard, loggers_of
 from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
     fit,
     monitored,
     resolved_config,
     runs_place,
 )
-from template.tracking import RUN_IDS
-from template.untrusted import check_config
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest_* names them
@@ -60,13 +58,12 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
     "int": ({"low", "high"}, {"log", "step"}),
     "categorical": ({"choices"}, set()),
 }
-# The class whose arguments each section of a configuration holds (ClassificationCLI.sections).
-SECTIONS = {"trainer": L.Trainer, "model": ClassificationModule, **CALLBACKS}
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # a plain name: a folder of the runs, never a path
 POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
 STORAGE_TRIES = 5  # how often a worker tries to open the study's storage (workers started together race)
 
 
-class Surplus(Exception):
+class NotThisWorkers(Exception):
     """A trial started as another worker's made the count: it is not run."""
 
 
@@ -117,13 +114,33 @@ def example_options(space: dict[str, dict]) -> list[str]:
 
 def suggest(trial: optuna.Trial, space: dict[str, dict]) -> list[str]:
     """This trial's values as fit options; a class chosen first, so its own options apply to it."""
-    options = []
-    for key in sorted(space, key=lambda key: key.count(".")):
-        spec = dict(space[key])
-        kind = spec.pop("type")
-        value = getattr(trial, f"suggest_{kind}")(key, **spec)
-        options.append(f"--{key}={as_option(value)}")
-    return options
+    values = {}
+    for key, spec in space.items():
+        spec = dict(spec)
+        values[key] = getattr(trial, f"suggest_{spec.pop('type')}")(key, **spec)
+    return as_options(values)
+
+
+def as_options(values: dict) -> list[str]:
+    return [f"--{key}={as_option(values[key])}" for key in sorted(values, key=lambda key: key.count("."))]
+
+
+def checked_params(trial: optuna.trial.FrozenTrial, space: dict[str, dict], source: str) -> dict:
+    """A finished trial's values, each checked against the local space (type, range, declared choices): what the
+    study's database says is another worker's word, and any worker can write it."""
+    params = trial.params
+    if set(params) != set(space):
+        raise ValueError(f"refusing {source}: its parameters {sorted(params)} are not the space's {sorted(space)}")
+    for key, spec in space.items():
+        value = params[key]
+        if spec["type"] == "categorical":
+            ok = any(value == choice and type(value) is type(choice) for choice in spec["choices"])
+        else:
+            kinds = (int,) if spec["type"] == "int" else (int, float)
+            ok = type(value) in kinds and spec["low"] <= value <= spec["high"]
+        if not ok:
+            raise ValueError(f"refusing {source}: its {key} is {value!r}, outside the space ({spec})")
+    return params
 
 
 def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
@@ -183,7 +200,7 @@ def same_study(study: optuna.Study, space: dict, fit_args: list[str]) -> None:
               f"this worker's are {shlex.join(fit_args)}", file=sys.stderr)  # fmt: skip
 
 
-def tally(study: optuna.Study) -> tuple[int, int, int]:
+def trial_counts(study: optuna.Study) -> tuple[int, int, int]:
     """Trials finished (completed or pruned), running, and waiting to be taken (enqueued)."""
     states = [trial.state for trial in study.get_trials(deepcopy=False)]
     return sum(s in FINISHED for s in states), states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
@@ -197,9 +214,9 @@ def run_study(
     def objective(trial: optuna.Trial) -> float:
         before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
         if sum(t.state in (*FINISHED, TrialState.RUNNING) for t in before) >= options.n_trials:
-            raise Surplus(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
+            raise NotThisWorkers(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
         run_name = (options.study_name, f"trial_{trial.number:03d}")
-        trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))
+        trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))  # for the dashboard: never read back
         trial_options = suggest(trial, space)
         pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
         try:
@@ -207,24 +224,22 @@ def run_study(
         except NonFiniteError as error:  # diverged: as hopeless as a trial gets
             trial.set_user_attr("diverged", str(error).splitlines()[0])
             raise optuna.TrialPruned(f"trial {trial.number} diverged: {str(error).splitlines()[0]}") from None
-        # Workers on other machines write their runs elsewhere: the study keeps what best.yaml needs.
-        trial.set_user_attr("config", (Path(result.run_dir) / "config.yaml").read_text())
         if result.score is None or math.isnan(result.score):
             raise ValueError(f"trial {trial.number} recorded no {monitor}: does validation run (limit_val_batches)?")
         return result.score
 
     while True:
         optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, so that it is counted out
-        finished, running, waiting = tally(study)
+        finished, running, waiting = trial_counts(study)
         if finished >= options.n_trials:
             return
         if finished + running >= options.n_trials and not waiting:
             time.sleep(POLL_SECONDS)  # the last trials are the other workers'; take over one that dies
             continue
-        study.optimize(objective, n_trials=1, catch=(Surplus,))
+        study.optimize(objective, n_trials=1, catch=(NotThisWorkers,))
 
 
-def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
+def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_args: list[str]) -> None:
     """The trials as a table (printed, and trials.csv) and the best one's configuration (best.yaml)."""
     trials = sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number)
     names = sorted({name for trial in trials for name in trial.params})
@@ -233,7 +248,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
     for trial in trials:
         value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}",
-                     *(trial.params.get(name, "") for name in names), trial.user_attrs.get("run_dir", "")])  # fmt: skip
+                     *(trial.params.get(name, "") for name in names), str(out_dir / f"trial_{trial.number:03d}")])  # fmt: skip
     text = io.StringIO()
     csv.writer(text).writerows([header, *rows])
     out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
@@ -253,18 +268,15 @@ def report(study: optuna.Study, out_dir: Path, monitor: str) -> None:
     except ValueError:  # no trial completed
         console.print("no trial completed: no best.yaml", highlight=False)
         return
-    config = yaml.safe_load(best.user_attrs["config"])
-    # A shared study's database is written by every worker that reaches it: its configuration is checked
-    # as a run's config.yaml is, before best.yaml hands it to `fit --config` (template.untrusted).
-    check_config(config, f"the best trial ({best.number}) of study {study.study_name}", SECTIONS)
-    logger = (config.get("trainer") or {}).get("logger")
-    for each in logger if isinstance(logger, list) else [logger]:
-        if isinstance(each, dict) and isinstance(each.get("init_args"), dict):
-            for argument in RUN_IDS:  # a refit is a run of its own: a run directory, and tracker runs
-                each["init_args"].pop(argument, None)
-    config.pop("ckpt_path", None)
+    # This worker's own fit options and the best trial's values, checked against the local space: no
+    # configuration text from the shared database is ever parsed.
+    params = checked_params(best, space, f"the best trial ({best.number}) of study {study.study_name}")
+    config = resolved_config([*fit_args, *as_options(params)])
+    logger = loggers_of(config)[0]
+    if is_tensorboard(logger):  # the refit beside the trials: runs/<study>/version_N
+        logger.setdefault("init_args", {})["name"] = study.study_name
     head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
-    head += f"{best.user_attrs.get('run_dir')})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
+    head += f"{out_dir / f'trial_{best.number:03d}'})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
     console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}", highlight=False)
     console.print(f"its config       {out_dir / 'best.yaml'}", highlight=False)
@@ -316,6 +328,8 @@ def main(args: list[str]) -> None:
         parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
+    if not STUDY_NAME.match(options.study_name):
+        parser.error(f"--study_name {options.study_name!r}: a plain name (letters, digits, _ . -), not a path")
     config = resolved_config(fit_args)
     try:  # the space's keys are fit options: a typo is found now, not as a failed first trial
         resolved_config([*fit_args, *example_options(space)])
@@ -332,4 +346,4 @@ def main(args: list[str]) -> None:
     same_study(study, space, fit_args)
     print(f"study {options.study_name} in {storage_url} (optuna-dashboard {storage_url})", file=sys.stderr)
     run_study(study, options, fit_args, space, monitor, runs_dir)
-    report(study, runs_dir / options.study_name, monitor)
+    report(study, runs_dir / options.study_name, monitor, space, fit_args)

@@ -76,7 +76,9 @@ def test_every_ddp_rank_takes_the_same_steps_on_its_share():
 
 
 def test_too_few_images_for_a_training_batch_are_refused():
-    with pytest.raises(ValueError, match=r"has 10 images for 1 device\(s\), under half a batch each \(batch_size=32\)"):
+    with pytest.raises(
+        ValueError, match=r"has 10 images for 1 device\(s\), under half a batch each \(data.batch_size=32\)"
+    ):
         batch_sizes(10, 32)
 
 

@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_image_folder
 
 from template.checkpoints import load_checkpoint
@@ -25,16 +26,16 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     assert Path(best).parent.parent.parent.name == "imagefolder"
     assert load_checkpoint(best)["hyper_parameters"]["class_names"] == sorted(classes)
 
-    # Evaluating needs no data options: the checkpoint's DataModule is the default (the run summary
-    # prints `test --ckpt_path` alone). Options given still override it, its own ones too (the
-    # default digits have no image_size).
-    tested = run_cli("test", "--ckpt_path", best, "--data.batch_size", "4", "--data.image_size=16")
+    # Evaluating needs only where the images are: the checkpoint's DataModule is the default. Options
+    # given still override it, its own ones too (the default digits have no image_size).
+    where = ["--data.root", str(image_folder)]
+    tested = run_cli("test", "--ckpt_path", best, *where, "--data.batch_size", "4", "--data.image_size=16")
     assert isinstance(tested.datamodule, ImageFolderDataModule) and tested.datamodule.root == image_folder
     assert tested.datamodule.batch_size == 4 and tested.datamodule.image_size == (16, 16)
     assert "test/acc" in tested.trainer.callback_metrics
     assert Path(tested.trainer.log_dir).parent == Path(best).parents[2]  # a new version beside the run
     (tmp_path / "evaluate.yaml").write_text(f"ckpt_path: {best}\n")  # the checkpoint named in a config file
-    validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"))
+    validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"), *where)
     assert isinstance(validated.datamodule, ImageFolderDataModule) and "val/acc" in validated.trainer.callback_metrics
 
     # The config's own image size (32) is not the one it was trained at (16): an error, not a silent resize.
@@ -64,7 +65,7 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     # the class names and the normalisation the model was trained with.
     new_images = shutil.copytree(image_folder / "test", tmp_path / "new")
     shutil.rmtree(image_folder / "train")  # test/ alone: evaluated with the trained classes and statistics
-    assert "test/acc" in run_cli("test", "--ckpt_path", best).trainer.callback_metrics
+    assert "test/acc" in run_cli("test", "--ckpt_path", best, *where).trainer.callback_metrics
     shutil.rmtree(image_folder)
     run_cli("predict", "--ckpt_path", best, "--data.predict_path", str(new_images))
     again = sorted(run_cli.runs_dir.glob("imagefolder/version_*/predictions.csv"))[-1]
@@ -87,8 +88,8 @@ def test_a_folder_of_train_and_val_alone_is_tested_on_a_share_held_out_of_train(
             "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
     fitted = run_cli("fit", *data, "--trainer.max_epochs", "1")  # the config's batch and test_fraction
     best = fitted.trainer.checkpoint_callback.best_model_path
-    assert f"test it, once:   template test --ckpt_path {best}" in capsys.readouterr().out
-    tested = run_cli("test", "--ckpt_path", best)
+    assert f"test it, once:   template test --ckpt_path {best} --data.root {root}" in capsys.readouterr().out
+    tested = run_cli("test", "--ckpt_path", best, "--data.root", str(root))
     assert "test/acc" in tested.trainer.callback_metrics
     test_files = tested.datamodule.split_files["test"]
     assert len(test_files) == 3 and {path.parent.name for path in test_files} == {"cat", "dog", "owl"}
@@ -100,14 +101,15 @@ def test_a_folder_of_train_and_val_alone_is_tested_on_a_share_held_out_of_train(
     assert "best checkpoint" in summary and "test --ckpt_path" not in summary
 
 
-def test_a_run_recording_a_data_option_since_removed_still_evaluates(run_cli, tmp_path):
+def test_a_checkpoint_recording_a_data_option_since_removed_still_evaluates(run_cli, tmp_path):
     root = write_image_folder(tmp_path / "images", per_class=8, splits=("train", "val", "test"))
     data = ["--config", str(CONFIG), "--data.root", str(root), "--data.image_size", "12", "--data.num_workers", "0",
             "--data.batch_size", "8", "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
     fitted = run_cli("fit", *data, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2")
-    record = Path(fitted.trainer.log_dir) / "config.yaml"
     # As a run before the template's photo cache recorded it: an option ImageFolderDataModule has lost.
-    record.write_text(record.read_text().replace("    channels: rgb\n", "    channels: rgb\n    cache_max_size: 64\n"))
-    with pytest.warns(UserWarning, match="cache_max_size are no longer options of ImageFolderDataModule"):
-        tested = run_cli("test", "--ckpt_path", "last")
+    checkpoint = torch.load(fitted.trainer.checkpoint_callback.best_model_path, weights_only=True)
+    checkpoint["datamodule_hyper_parameters"]["cache_max_size"] = 64
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    with pytest.warns(UserWarning, match="cache_max_size .* no longer options of ImageFolderDataModule: left out"):
+        tested = run_cli("test", "--ckpt_path", str(tmp_path / "older.ckpt"), "--data.root", str(root))
     assert "test/acc" in tested.trainer.callback_metrics

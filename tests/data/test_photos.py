@@ -195,7 +195,7 @@ def test_a_photo_folder_trains_validates_predicts_and_exports_at_a_size_other_th
     trained = run_cli("fit", *data, "--trainer.max_epochs", "1")
     assert np.load(next((tmp_path / "cache").glob("train-*.npy")), mmap_mode="r").shape[1:] == (3, 24, 24)
     best = trained.trainer.checkpoint_callback.best_model_path
-    assert "val/acc" in run_cli("validate", "--ckpt_path", best).trainer.callback_metrics
+    assert "val/acc" in run_cli("validate", "--ckpt_path", best, "--data.root", str(root)).trainer.callback_metrics
 
     run_cli("predict", "--ckpt_path", best, "--data.predict_path", str(root / "train" / "snow"))
     rows = list(csv.DictReader(next(run_cli.runs_dir.glob("*/version_*/predictions.csv")).open()))

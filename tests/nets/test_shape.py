@@ -69,7 +69,7 @@ def test_torchvision_networks_fit_test_and_export(run_cli, tmp_path, net):
     trained = run_cli("fit", *data, *net, "--trainer.max_epochs", "1")
     assert trained.model.net.eval()(torch.zeros(2, 3, 16, 16)).shape == (2, 2)
     best = trained.trainer.checkpoint_callback.best_model_path
-    tested = run_cli("test", "--ckpt_path", best)  # the run's config.yaml: the same network, no in_channels
+    tested = run_cli("test", "--ckpt_path", best, "--data.root", str(images))  # the same network, no in_channels
     assert "test/acc" in tested.trainer.callback_metrics
     main(["export", "--ckpt_path", best, "--format", "safetensors", "--output", str(tmp_path / "net.safetensors")])
     assert (tmp_path / "net.safetensors").is_file()

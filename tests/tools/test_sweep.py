@@ -94,7 +94,7 @@ def test_hopeless_trials_are_pruned_and_the_best_yaml_refits_to_the_recorded_met
     trials = load(tmp_path, "lr").get_trials()
     assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED]
     assert list(trials[2].intermediate_values) == [0]  # reported its first epoch, then stopped
-    assert not list(Path(trials[2].user_attrs["run_dir"]).glob("checkpoints/best*"))
+    assert not list((tmp_path / "runs" / "lr" / "trial_002").glob("checkpoints/best*"))
     best = max(trials[:2], key=lambda trial: trial.value)
     best_yaml = tmp_path / "runs" / "lr" / "best.yaml"
     config = yaml.safe_load(best_yaml.read_text())
@@ -137,17 +137,33 @@ def started_study(tmp_path: Path, monkeypatch) -> optuna.Study:
                                direction="maximize")  # fmt: skip
 
 
-def test_a_poisoned_best_trial_in_a_shared_study_is_refused_before_best_yaml_is_written(tmp_path, monkeypatch, capsys):
+def test_a_poisoned_study_never_writes_its_text_into_best_yaml(tmp_path, monkeypatch, capsys):
+    """The study's database is any worker's to write: best.yaml is built from this worker's own fit options and
+    the best trial's values, each checked against the local space; no configuration text from it is parsed."""
     study = started_study(tmp_path, monkeypatch)
     planted = "model:\n  class_path: os.system\n  init_args: {command: touch pwned}\n"
+    lr = {"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 3e-3, log=True)}
     study.add_trial(optuna.trial.create_trial(
-        params={"model.optimizer.init_args.lr": 1e-3}, value=1.0, user_attrs={"config": planted},
-        distributions={"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 3e-3, log=True)},
+        params={"model.optimizer.init_args.lr": 2e-3}, value=1.0, user_attrs={"config": planted, "run_dir": "\n#x"},
+        distributions=lr,
     ))  # fmt: skip
+    main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
+    best = (tmp_path / "runs" / "lr" / "best.yaml").read_text()
+    assert "os.system" not in best and "#x" not in best
+    assert yaml.safe_load(best)["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 2e-3
+    # Outside the space: refused, naming the trial and the value.
+    wide = {"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 100.0, log=True)}
+    study.add_trial(optuna.trial.create_trial(params={"model.optimizer.init_args.lr": 50.0}, value=2.0,
+                                              distributions=wide))  # fmt: skip
     with pytest.raises(SystemExit):
-        main(["sweep", "--space", "lr.yaml", "--n_trials", "1"])
-    assert "os.system" in capsys.readouterr().err
-    assert not (tmp_path / "runs" / "lr" / "best.yaml").exists() and not (tmp_path / "pwned").exists()
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
+    assert (
+        "refusing the best trial (1) of study lr: its model.optimizer.init_args.lr is 50.0" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "pwned").exists()
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--study_name", "../elsewhere", *QUICK])
+    assert "--study_name '../elsewhere': a plain name" in capsys.readouterr().err
 
 
 def test_a_study_started_with_another_space_is_refused_naming_it(tmp_path, monkeypatch, capsys):

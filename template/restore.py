@@ -1,0 +1,415 @@
+"""The one way in from a checkpoint: read it, and its run's record, as data, never as a program.
+
+A checkpoint or a run directory may come from anyone. What this program takes from one is a closed
+schema: the LightningModule, its network, optimizer and LR schedule, and the DataModule, each as a
+*name from the registry* with literal arguments (numbers, strings, booleans, and lists or mappings of
+them, each of the type its parameter declares); the class names, the trained input shape, the
+preprocessing record and the tensors (``weights_only``, checked against their digest). A name outside
+the registry is refused with one line naming the file, the key and the name: nothing is imported or
+called, no string is parsed as YAML and nothing is opened as a path.
+
+Which code runs and where files go is never the file's to say: the Trainer, logger, callbacks,
+profiler, predictions and cache come from the recipe's defaults and the user's own options, and so
+does every place the data is read from (``--data.root``). Resuming a fit takes, besides, the literal
+Trainer settings that make the run the same (epochs, precision, accumulation, clipping...).
+
+The registry: this package's networks, DataModules, schedules and LightningModule, torchvision's
+classification builders (``torchvision.models.list_models``), torch's optimizers and LR schedulers,
+and what a user registers in their own code, which their own ``--model`` or ``--config`` imports::
+
+    from template.restore import register
+
+    @register
+    class MyNet(nn.Module): ...
+"""
+
+import collections.abc
+import enum
+import functools
+import inspect
+import os
+import pkgutil
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from template.checkpoints import (
+    CheckpointError,
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    read_checkpoint,
+)
+from template.data.preprocessing import recorded_preprocessing
+
+# A DataModule's arguments that say where to read or write and what to start, never taken from a file:
+# the user's command says them (any argument typed as a path is treated the same way).
+PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
+# The module's arguments the CLI links from the data: compared with the data, not set.
+LINKED = ("num_classes", "class_names", "input_shape")
+# The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
+RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
+           "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
+           "val_check_interval", "limit_train_batches", "limit_val_batches")  # fmt: skip
+# YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
+MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
+KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
+         "optimizer": torch.optim.Optimizer,
+         "scheduler": (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)}  # fmt: skip
+_registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder), added by register()
+_built: dict[str, tuple[str, Any]] = {}
+
+
+def register(obj: Any = None, *, kind: str | None = None, name: str | None = None) -> Any:
+    """Let checkpoints name ``obj`` (a class, or a function that builds a network): as a decorator, or
+    ``register(MyNet)`` in the module that defines it. ``kind``: net, module, data, optimizer or
+    scheduler; read from the class when not given (a function builds a net)."""
+    if obj is None:
+        return lambda target: register(target, kind=kind, name=name)
+    kind = kind or next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
+    for each in (name, f"{obj.__module__}.{obj.__qualname__}"):
+        if each:
+            _registered[each] = (kind, obj)
+    return obj
+
+
+def registry() -> dict[str, tuple[str, Any]]:
+    """Every name a checkpoint may use, with its kind and what it names."""
+    if not _built:
+        import torchvision.models
+
+        import template.data
+        import template.nets
+        import template.schedule
+
+        namespaces = [(template.nets, None), (template.data, None), (template.schedule, None), (torch.optim, None),
+                      (torch.optim.lr_scheduler, None)]  # fmt: skip
+        for module, _ in namespaces:
+            for attribute, obj in vars(module).items():
+                kind = next((k for k, b in KINDS.items() if isinstance(obj, type) and issubclass(obj, b)), None)
+                if kind and not attribute.startswith("_") and not inspect.isabstract(obj):
+                    _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = (
+                        kind, obj)  # fmt: skip
+        for module in [m for name, m in sys.modules.items() if name.startswith("torchvision.models")]:
+            for attribute, obj in vars(module).items():  # its network classes and their blocks (ResNet, BasicBlock)
+                if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__.startswith("torchvision"):
+                    entry = ("net", obj)
+                    _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
+        for model in torchvision.models.list_models(module=torchvision.models):
+            builder = torchvision.models.get_model_builder(model)
+            _built[f"torchvision.models.{model}"] = _built[f"{builder.__module__}.{builder.__name__}"] = (
+                "net",
+                builder,
+            )
+    return {**_built, **_registered}
+
+
+class Refused(UnsafeCheckpointError):
+    """A file from elsewhere names something outside the registry, or a value of the wrong kind."""
+
+
+def refuse(source: str, key: str, value: Any, why: str) -> typing.NoReturn:
+    raise Refused(f"refusing {source}: its {key} is {value!r}, {why}; nothing from it was imported or run")
+
+
+def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
+    """What registry ``name`` stands for, if it is of ``kind``. ``own``: names the user's own command
+    line and --config files give, their code, imported as they asked."""
+    if not isinstance(name, str):
+        refuse(source, key, name, f"not the name of a {kind}")
+    found = registry().get(name)
+    if found is None and name in own:
+        obj = pkgutil.resolve_name(name)
+        found = registry().get(name) or (kind, obj)
+    if found is None:
+        option = {"module": "--model", "data": "--data", "net": "--model.net", "optimizer": "--model.optimizer"}
+        refuse(source, key, name, f"which is no registered {kind} (template.restore.register); if it is your own "
+               f"code, name it again: {option.get(kind, '--model.lr_scheduler')} {name}")  # fmt: skip
+    if found[0] != kind:
+        refuse(source, key, name, f"a {found[0]}, where a {kind} belongs")
+    return found[1]
+
+
+def class_paths(config: Any) -> set[str]:
+    """Every class path a configuration names (the user's own, from their command line and --config files)."""
+    if isinstance(config, dict):
+        found = {config["class_path"]} if isinstance(config.get("class_path"), str) else set()
+        return found.union(*(class_paths(value) for value in config.values()))
+    if isinstance(config, list | tuple):
+        return set().union(*(class_paths(value) for value in config))
+    return set()
+
+
+def parameters(target: Any) -> tuple[dict[str, Any], bool]:
+    """The type of each argument ``target`` takes (through the ``**kwargs`` its classes pass on to their
+    parents) and whether it takes others still (``**kwargs`` to the end)."""
+    functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)] if isinstance(target, type) else [target]
+    found: dict[str, Any] = {}
+    for function in functions:
+        try:
+            hints = typing.get_type_hints(function)
+        except Exception:  # an annotation that does not resolve here: unknown, literal numbers only
+            hints = {}
+        signature = inspect.signature(function).parameters.values()
+        for parameter in signature:
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                found.setdefault(parameter.name, hints.get(parameter.name, typing.Any))
+        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in signature):
+            return found, False
+    return found, True
+
+
+def kind_of(annotation: Any) -> str | None:
+    """The registry kind an argument of this type takes (a network, an optimizer...), or None."""
+    for each in typing.get_args(annotation) or (annotation,):
+        if typing.get_origin(each) is collections.abc.Callable:
+            each = typing.get_args(each)[-1] if typing.get_args(each) else None
+        for member in typing.get_args(each) or (each,):
+            for kind, base in KINDS.items():
+                if isinstance(member, type) and issubclass(member, base):
+                    return kind
+    return None
+
+
+def takes_class(annotation: Any) -> bool:
+    """Whether an argument of this type is a class itself (``type[BasicBlock]``), not an instance."""
+    return typing.get_origin(annotation) is type or any(takes_class(each) for each in typing.get_args(annotation))
+
+
+def is_path(annotation: Any) -> bool:
+    return (isinstance(annotation, type) and issubclass(annotation, PurePath | os.PathLike)) or any(
+        is_path(each) for each in typing.get_args(annotation)
+    )
+
+
+def conforms(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` is a literal of type ``annotation``: None, bool, int, float, str, a Literal's or an
+    Enum's value, and lists, tuples and mappings of those; never anything a parser would read further."""
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is typing.Any:  # unknown: numbers, booleans and None only (a string could be a class path)
+        return value is None or type(value) in (bool, int, float) or (
+            type(value) in (list, tuple) and all(conforms(item, typing.Any) for item in value))  # fmt: skip
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, each) for each in arguments)
+    if origin is typing.Literal:
+        return any(value == each and type(value) is type(each) for each in arguments)
+    if annotation in (None, type(None)):
+        return value is None
+    if annotation is float:
+        return type(value) in (int, float)
+    if annotation in (bool, int, str):
+        return type(value) is annotation
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return type(value) is str and isinstance(getattr(annotation, value.rpartition(".")[2], None), annotation)
+    if origin in (list, tuple, set, frozenset, collections.abc.Sequence) or annotation in (list, tuple):
+        if type(value) not in (list, tuple):
+            return False
+        if origin is tuple and arguments and arguments[-1] is not Ellipsis:
+            return len(value) == len(arguments) and all(conforms(v, a) for v, a in zip(value, arguments))
+        return all(conforms(item, arguments[0] if arguments else typing.Any) for item in value)
+    if origin in (dict, collections.abc.Mapping) or annotation is dict:
+        item = arguments[1] if len(arguments) == 2 else typing.Any
+        return type(value) is dict and all(type(k) is str and conforms(v, item) for k, v in value.items())
+    return False
+
+
+def component(value: Any, kind: str, key: str, source: str, own: set[str]) -> dict:
+    """``{"class_path": a registry name, "init_args": its literal arguments}`` from a record's ``value``."""
+    if not isinstance(value, dict) or set(value) - {"class_path", "init_args"}:
+        refuse(source, key, value, f"not a {kind} as class_path and init_args")
+    target = lookup(value.get("class_path"), kind, f"{key}.class_path", source, own)
+    init_args = value.get("init_args") or {}
+    if not isinstance(init_args, dict):
+        refuse(source, f"{key}.init_args", init_args, "not a mapping of arguments")
+    return {
+        "class_path": value["class_path"],
+        "init_args": arguments(target, init_args, f"{key}.init_args", source, own),
+    }
+
+
+def arguments(target: Any, given: dict, key: str, source: str, own: set[str], skip: tuple = ()) -> dict:
+    """The arguments of ``target`` in ``given``, each checked against the type its parameter declares."""
+    types_, more = parameters(target)
+    kept, retired = {}, []
+    for name, value in given.items():
+        if not isinstance(name, str) or name.startswith("_") or name in skip:
+            continue
+        if name not in types_ and not more:
+            retired.append(name)  # an option a template update removed, say: the rest still restores
+            continue
+        annotation = types_.get(name, typing.Any)
+        if (kind := kind_of(annotation)) is not None and isinstance(value, dict):
+            kept[name] = component(value, kind, f"{key}.{name}", source, own)
+        elif kind is not None and isinstance(value, str) and takes_class(annotation):  # type[BasicBlock]: a name
+            lookup(value, kind, f"{key}.{name}", source, own)
+            kept[name] = value
+        elif conforms(value, annotation):
+            kept[name] = value
+        else:
+            refuse(source, f"{key}.{name}", value, f"which is not a literal {describe(annotation)}")
+    if retired:
+        rank_zero_warn(f"{source}: {', '.join(retired)} ({key}) are no longer options of {target.__name__}: left out")
+    return kept
+
+
+def describe(annotation: Any) -> str:
+    return "value" if annotation is typing.Any else str(annotation).replace("typing.", "")
+
+
+@dataclass
+class Restored:
+    """What a checkpoint says, checked: ``config`` is a configuration of registry names and literal values
+    (model, data and, resuming, trainer settings) that the user's own options override."""
+
+    path: Path
+    config: dict
+    trained: dict  # num_classes, class_names and input_shape, as trained
+    preprocessing: dict | None
+    run_dir: Path | None  # the run directory the checkpoint lies in, when it is one under the user's runs
+
+
+def restore(
+    path: str | Path, model_class: type, runs_dir: str | Path, fit: bool, own: set[str] = frozenset()
+) -> Restored:
+    """Read checkpoint ``path`` (see the module's doc). ``model_class``: the LightningModule whose arguments the
+    hyper-parameters are where they name none; ``runs_dir``: the user's; ``fit``: resuming."""
+    source = str(path)
+    checkpoint = read_checkpoint(path, tensors=False)  # no pickles, a checkpoint's layout; the digest when loaded
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    config: dict[str, Any] = {}
+    if hparams:
+        module = model_class
+        if "_class_path" in hparams:
+            module = lookup(hparams["_class_path"], "module", "hyper_parameters._class_path", source, set(own))
+        init_args = arguments(module, hparams, "hyper_parameters", source, set(own), skip=LINKED)
+        config["model"] = {"class_path": f"{module.__module__}.{module.__qualname__}", "init_args": init_args}
+    data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    if "_class_path" in data_hparams:
+        key = "datamodule_hyper_parameters"
+        data = lookup(data_hparams["_class_path"], "data", f"{key}._class_path", source, set(own))
+        places = [name for name, annotation in parameters(data)[0].items() if is_path(annotation) or name in PLACES]
+        init_args = arguments(data, data_hparams, key, source, set(own), skip=tuple(places))
+        class_names = hparams.get("class_names")
+        if "classes" in parameters(data)[0] and conforms(class_names, list[str]) and not init_args.get("classes"):
+            init_args["classes"] = class_names  # a folder's classes in the trained order, with no folder to read
+        config["data"] = {"class_path": data_hparams["_class_path"], "init_args": init_args}
+    trained = {key: hparams.get(key) for key in LINKED}
+    for key, kind in (("num_classes", int), ("class_names", list[str]), ("input_shape", list[int])):
+        if trained[key] is not None and not conforms(trained[key], kind):
+            refuse(source, f"hyper_parameters.{key}", trained[key], f"not a {describe(kind)}")
+    run_dir = own_run(path, runs_dir)
+    if fit and run_dir is not None:
+        config.update(resumed_settings(run_dir / "config.yaml"))
+    try:
+        preprocessing = recorded_preprocessing(checkpoint)
+    except ValueError as error:
+        raise DamagedCheckpointError(f"{source}: {error}") from None
+    return Restored(Path(path), config, trained, preprocessing, run_dir)
+
+
+def build(spec: dict, **given: Any) -> Any:
+    """The object a restored ``{"class_path", "init_args"}`` describes (a network), or for an optimizer or a
+    schedule, the callable that builds it from what it wraps."""
+    kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
+    init_args = {**spec["init_args"], **given}
+    if kind in ("optimizer", "scheduler"):
+        return functools.partial(target, **init_args)
+    types_ = parameters(target)[0]
+    for name, value in init_args.items():
+        if isinstance(value, dict) and "class_path" in value:
+            init_args[name] = build(value)
+        elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
+            init_args[name] = registry()[value][1]
+    return target(**init_args)
+
+
+def load_module(cls: type, path: str | Path, map_location: Any = None, strict: bool = True, **given: Any) -> Any:
+    """``cls.load_from_checkpoint``: the module built from the registry with the checkpoint's literal
+    arguments (``given`` ones override them: ``net=`` an instance, say), then its tensors loaded."""
+    restored = restore(path, cls, None, fit=False, own={f"{cls.__module__}.{cls.__qualname__}"})
+    given.pop("weights_only", None)  # always: nothing but tensors is ever unpickled here
+    init_args = dict(restored.config.get("model", {}).get("init_args", {}))
+    for key in ("net", "optimizer", "lr_scheduler"):
+        if isinstance(init_args.get(key), dict) and key not in given:
+            given[key] = build(init_args[key])
+    arguments_ = {**init_args, **{k: v for k, v in restored.trained.items() if v is not None}, **given}
+    module = cls(**arguments_)
+    module.hparams.update({k: v for k, v in init_args.items() if isinstance(v, dict)})
+    checkpoint = read_checkpoint(path)  # now with its tensors, checked against their digest
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=strict)
+    return module.to(map_location) if isinstance(map_location, str | torch.device) else module
+
+
+def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
+    """The run directory (runs/<name>/<version>) checkpoint ``path`` lies in, when it is one under
+    ``runs_dir``, links resolved; else None."""
+    if runs_dir is None:
+        return None
+    checkpoint, runs = Path(path).resolve(), Path(runs_dir).resolve()
+    run_dir = checkpoint.parent.parent
+    if (
+        checkpoint.parent.name == "checkpoints"
+        and run_dir.parent.parent == runs
+        and (run_dir / "config.yaml").is_file()
+    ):
+        return run_dir
+    return None
+
+
+def resumed_settings(path: Path) -> dict:
+    """The Trainer settings (``RESUMED``) and the seed a run's config.yaml records, each a literal of its type."""
+    config = read_yaml(path)
+    trainer = config.get("trainer") if isinstance(config, dict) else None
+    settings: dict[str, Any] = {}
+    if isinstance(trainer, dict):
+        types_, _ = parameters(L.Trainer)
+        taken = {name: trainer[name] for name in RESUMED if name in trainer}
+        settings["trainer"] = arguments(L.Trainer, taken, "trainer", str(path), set())
+        settings["trainer"] = {name: value for name, value in settings["trainer"].items() if name in types_}
+    seed = config.get("seed_everything") if isinstance(config, dict) else None
+    if type(seed) is int or type(seed) is bool:
+        settings["seed_everything"] = seed
+    return settings
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """YAML of plain values, without aliases and no deeper than ``MAX_YAML_DEPTH``."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: aliases are refused")
+        self.depth += 1
+        if self.depth > MAX_YAML_DEPTH:
+            raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def read_yaml(path: str | Path) -> Any:
+    """YAML from elsewhere as plain values: at most ``MAX_YAML_BYTES``, no aliases, bounded nesting."""
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            text = file.read(MAX_YAML_BYTES + 1)
+        if len(text) > MAX_YAML_BYTES:
+            raise yaml.YAMLError(f"larger than {MAX_YAML_BYTES} bytes")
+        return yaml.load(text.decode(), Loader=_SafeLoader)  # noqa: S506 - a SafeLoader
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise DamagedCheckpointError(f"refusing {path}: {str(error).splitlines()[0]}") from None
+
+
+__all__ = ["CheckpointError", "Refused", "Restored", "read_yaml", "register", "registry", "restore"]

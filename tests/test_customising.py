@@ -1,0 +1,135 @@
+"""Ordinary customisations give what the user asked for: no silent wrong result, no hint that leads nowhere."""
+
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_args, write_image_folder
+
+from template.cli import cli
+from template.commands import main
+from template.data import DigitsDataModule, ImageFolderDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
+
+
+def test_switching_the_optimizer_starts_from_its_own_defaults_plus_what_is_given(tmp_path, capsys):
+    args = [*tiny_args(tmp_path / "runs"), "--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.1"]
+
+    def built(*more: str):
+        return cli([*args, *more], run=False).model.optimizer([torch.nn.Parameter(torch.zeros(1))])
+
+    sgd = built()  # not the recipe's AdamW weight decay of 0.05
+    assert type(sgd).__name__ == "SGD" and sgd.defaults["lr"] == 0.1 and sgd.defaults["weight_decay"] == 0
+    assert built("--model.optimizer.weight_decay", "0.05").defaults["weight_decay"] == 0.05  # given: kept
+    (tmp_path / "sgd.yaml").write_text("model:\n  optimizer:\n    init_args:\n      weight_decay: 0.05\n")
+    assert built("--config", str(tmp_path / "sgd.yaml")).defaults["weight_decay"] == 0.05
+    with pytest.raises(SystemExit):  # what --print_config shows (and sweep's best.yaml holds) is what runs
+        cli(["fit", *args, "--print_config"])
+    assert "weight_decay: 0\n" in capsys.readouterr().out
+
+
+def test_an_option_name_must_match_exactly_and_a_misspelt_one_names_the_nearest(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", *tiny_args(tmp_path / "runs"), "--trainer.max_epoch", "5"])
+    error = capsys.readouterr().err
+    assert "--trainer.max_epoch: no such option; did you mean --trainer.max_epochs?" in error
+
+
+@pytest.mark.slow
+def test_evaluating_a_limited_training_run_evaluates_the_whole_split_and_says_how_many(run_cli, capsys):
+    run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1")
+    capsys.readouterr()
+    evaluated = run_cli("validate", "--ckpt_path", "best")
+    assert evaluated.trainer.limit_val_batches == 1.0  # the training run's limit is not inherited
+    size = len(evaluated.datamodule.datasets["val"])
+    acc = float(evaluated.trainer.callback_metrics["val/acc"])
+    assert f"val/acc {acc:.4f} on {size} images (the whole split)" in capsys.readouterr().out
+    run_cli("validate", "--ckpt_path", "best", "--trainer.limit_val_batches", "1")  # this command's own limit
+    assert f"on 64 images (of {size}: limited by this command's options)" in capsys.readouterr().out
+
+
+def test_validation_and_test_images_come_with_the_classes_in_turn():
+    data = DigitsDataModule()
+    data.setup("validate")
+    data.setup("test")
+    for split in ("val", "test"):
+        labels = data.datasets[split].labels.numpy()
+        assert sorted(labels[:10]) == list(range(10)), split  # any prefix balanced: a limited run sees every class
+        assert np.bincount(labels[:50]).min() == 5
+
+
+@pytest.mark.slow
+def test_a_copied_checkpoint_is_evaluated_under_its_own_name_with_no_untrue_warning(run_cli, tmp_path):
+    trained = run_cli("fit", *QUICK, "--trainer.logger.init_args.name", "ants_bees")
+    copied = tmp_path / "downloads" / "bees_v2.ckpt"
+    copied.parent.mkdir()
+    shutil.copy(trained.trainer.checkpoint_callback.best_model_path, copied)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predicted = run_cli("predict", "--ckpt_path", str(copied))
+    assert Path(predicted.trainer.log_dir) == run_cli.runs_dir / "bees_v2" / "version_0"
+    assert not [str(w.message) for w in caught if "ModelCheckpoint" in str(w.message)]
+    tested = run_cli("test", "--ckpt_path", trained.trainer.checkpoint_callback.best_model_path)
+    assert Path(tested.trainer.log_dir) == run_cli.runs_dir / "ants_bees" / "version_1"  # beside its run
+
+
+def test_a_source_without_a_test_split_says_so_in_its_init(run_cli, capsys, monkeypatch, tmp_path):
+    (tmp_path / "no_test.py").write_text(
+        "from template.data import DigitsDataModule\n\n\nclass NoTest(DigitsDataModule):\n"
+        "    def __init__(self, **kwargs):\n        super().__init__(**kwargs)\n        self.has_test = False\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_cli("fit", *QUICK, "--data", "no_test.NoTest")
+    summary = capsys.readouterr().out
+    assert "best checkpoint" in summary and "test it, once" not in summary
+    sys.modules.pop("no_test", None)
+
+
+def test_fast_dev_run_says_it_wrote_nothing(run_cli, capsys):
+    run_cli("fit", "--trainer.fast_dev_run", "true")
+    out = capsys.readouterr().out
+    assert "nothing written (no run directory, no checkpoint)" in out and "tensorboard --logdir" not in out
+
+
+@pytest.mark.slow
+def test_a_ddp_batch_too_large_names_the_option_that_decides_it_once(tmp_path):
+    command = [sys.executable, "-m", "template", "fit", "--config", str(REPO / "configs" / "trainer" / "ddp.yaml"),
+               "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--data.global_batch_size", "4096",
+               "--data.batch_size", "16"]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert result.stderr.count("under half a batch each") == 1, result.stderr[-3000:]
+    assert "(data.global_batch_size=4096 over 2 device(s), 2048 each)" in result.stderr
+    assert "lower data.global_batch_size" in result.stderr
+
+
+def test_make_fit_installs_what_training_needs_and_nothing_of_the_dev_extra(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    shutil.copy(REPO / "Makefile", clone / "Makefile")  # this checkout's, committed or not
+    plan = subprocess.run(["make", "-n", "fit"], cwd=clone, capture_output=True, text=True, check=True).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs == [".venv/bin/pip install --quiet -e ."], plan
+    plan = subprocess.run(["make", "-n", "test"], cwd=clone, capture_output=True, text=True, check=True).stdout
+    assert ".venv/bin/pip install --quiet -e '.[dev]'" in plan
+
+
+def test_every_problem_of_an_image_folder_is_reported_in_one_pass_grouped(tmp_path):
+    root = write_image_folder(tmp_path / "images", per_class=4, splits=("train", "test"))
+    (root / "train" / "zebra").mkdir()  # an empty class folder
+    (root / "train" / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
+    (root / "test" / "dog" / "cut.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(ValueError) as error:
+        ImageFolderDataModule(str(root), num_workers=0, cache_dir=str(tmp_path / "cache"))
+    said = str(error.value)
+    assert said.startswith(f"3 problems in {root}:")
+    assert "1 empty class folder(s)" in said and "train/zebra" in said
+    assert f"unreadable file(s) in {root / 'train'}" in said and "broken.jpg" in said
+    assert f"unreadable file(s) in {root / 'test'}" in said and "cut.png" in said

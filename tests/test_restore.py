@@ -1,0 +1,382 @@
+"""A stranger's checkpoint of plain values runs nothing, imports nothing and deletes nothing."""
+
+import os
+import pkgutil
+import re
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_args, write_image_folder
+
+from template.checkpoints import (
+    CheckpointError,
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+)
+from template.cli import cli
+from template.commands import main
+from template.module import ClassificationModule
+from template.restore import is_path, parameters
+
+SENTINEL = "sentinel_{name}"
+SENTINEL_CODE = "from pathlib import Path\nPath({marker!r}).touch()\nclass Net: pass\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A real checkpoint of one short epoch, written by the CLI."""
+    root = tmp_path_factory.mktemp("trained")
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        cli(["fit", *tiny_args(root / "runs"), "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3"])
+    finally:
+        os.chdir(here)
+    return root / "runs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def doctor(trained: Path, tmp_path: Path, change: dict) -> Path:
+    checkpoint = torch.load(trained, weights_only=True)
+    if "data" in change:
+        checkpoint["datamodule_hyper_parameters"]["_class_path"] = change.pop("data")
+    checkpoint["hyper_parameters"].update(change)
+    path = tmp_path / "doctored.ckpt"
+    torch.save(checkpoint, path)  # tensors, dicts and strings: weights_only loads it
+    return path
+
+
+@pytest.fixture
+def sentinel(tmp_path, monkeypatch, request):
+    """A module on sys.path that leaves a marker when imported."""
+    name = SENTINEL.format(name=abs(hash(request.node.name)))
+    marker = tmp_path / "imported"
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / f"{name}.py").write_text(SENTINEL_CODE.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+ENTRIES = ("validate", "test", "predict", "fit", "export", "load_from_checkpoint")
+
+
+def enter(entry: str, path: Path, tmp_path: Path, *options: str) -> None:
+    """Use checkpoint ``path`` through ``entry`` as a user would, in tmp_path, with runs in tmp_path/runs."""
+    if entry == "load_from_checkpoint":
+        ClassificationModule.load_from_checkpoint(path)  # the notebook's call
+    elif entry == "export":
+        main(
+            ["export", "--ckpt_path", str(path), "--format", "safetensors", "--output", str(tmp_path / "runs" / "n.st")]
+        )
+    else:
+        quick = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+        main([entry, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), *quick, *options])
+
+
+def code_attacks(tmp_path: Path, sentinel: str, marker: Path) -> dict[str, tuple[str, object, dict]]:
+    """Each attack on a checkpoint's hyper-parameters: the key it is refused at, the name refused, the change."""
+    hub = tmp_path / "hub"  # torch.hub.load(source="local") runs the folder's hubconf.py
+    hub.mkdir(exist_ok=True)
+    (hub / "hubconf.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).touch()\ndef net(): pass\n")
+    (tmp_path / "net.yaml").write_text(f"class_path: {sentinel}.Net\n")
+    fx = {"body": {"_code": "x"}, "import_block": f"import os; os.system('touch {marker}')"}
+    return {
+        # Functions of trusted packages whose return type is nn.Module, which execute code.
+        "builder running code": (
+            "net.class_path", "torch.fx.graph_module.reduce_graph_module",
+            {"net": {"class_path": "torch.fx.graph_module.reduce_graph_module", "init_args": fx}},
+        ),
+        "builder loading a hubconf": (
+            "net.class_path", "torch.hub.load",
+            {"net": {"class_path": "torch.hub.load", "init_args": {"repo_or_dir": str(hub), "model": "net",
+                                                                   "source": "local"}}},
+        ),
+        # Strings jsonargparse would parse as YAML, or open as a file of YAML.
+        "network as a YAML string": ("net", f"{{class_path: {sentinel}.Net}}", {"net": f"{{class_path: {sentinel}.Net}}"}),
+        "optimizer as a YAML string": (
+            "optimizer", "{class_path: os.system}", {"optimizer": "{class_path: os.system}"},
+        ),
+        "network as a YAML file": ("net", str(tmp_path / "net.yaml"), {"net": str(tmp_path / "net.yaml")}),
+        "unknown network": ("net.class_path", f"{sentinel}.Net", {"net": {"class_path": f"{sentinel}.Net"}}),
+        "unknown module": ("_class_path", f"{sentinel}.Net", {"_class_path": f"{sentinel}.Net"}),
+        # A string where a registered builder's **kwargs take a callable (ResNet's norm_layer).
+        "string through **kwargs": (
+            "net.init_args.norm_layer", f"{sentinel}.Net",
+            {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"norm_layer": f"{sentinel}.Net"}}},
+        ),
+        "enum member that is none": (
+            "net.init_args.weights", f"{sentinel}.Net",
+            {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"weights": f"{sentinel}.Net"}}},
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_checkpoint_naming_code_is_refused_in_one_line_by_every_entry_point(
+    trained, tmp_path, sentinel, entry, capsys, monkeypatch
+):
+    name, imported = sentinel
+    ran = tmp_path / "ran"
+    monkeypatch.chdir(tmp_path)
+    for attack, (key, value, change) in code_attacks(tmp_path, name, ran).items():
+        path = doctor(trained, tmp_path, change)
+        refusal = f"refusing {path}: its hyper_parameters.{key} is {value!r}"
+        if entry == "load_from_checkpoint":
+            with pytest.raises(UnsafeCheckpointError) as error:
+                enter(entry, path, tmp_path)
+            said = str(error.value)
+        else:
+            with pytest.raises(SystemExit) as exit_info:
+                enter(entry, path, tmp_path)
+            assert exit_info.value.code != 0, attack
+            said = capsys.readouterr().err
+        assert refusal in said and len([line for line in said.splitlines() if "refusing" in line]) == 1, (attack, said)
+        assert not ran.exists() and not imported.exists() and name not in sys.modules, attack
+
+
+def place_options(parser, config) -> list[str]:
+    """Every option of ``parser`` that names a place (a path-typed one, or a directory, file, root or name), by key:
+    its own arguments and those of the classes its configuration names (logger, callbacks, data), enumerated."""
+    place = re.compile(r"(dir|path|file|root|name)")
+    found = [
+        action.dest
+        for action in parser._actions
+        if action.dest.count(".")
+        and (is_path(getattr(action, "_typehint", None) or action.type) or place.search(action.dest.rpartition(".")[2]))
+    ]
+
+    def walk(value, key: str) -> None:
+        if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+            for name, annotation in parameters(pkgutil.resolve_name(value["class_path"]))[0].items():
+                if is_path(annotation) or place.search(name):
+                    found.append(f"{key}.init_args.{name}")
+        for name, item in value.items() if isinstance(value, dict) else enumerate(value or []):
+            if isinstance(item, dict | list):
+                walk(item, f"{key}.{name}" if isinstance(name, str) else f"{key}[{name}]")
+
+    config = yaml.safe_load(parser.dump(config, skip_check=True))
+    for data in ("template.data.ImageFolderDataModule", "template.data.CIFAR10DataModule"):
+        config[f"data_{data}"] = {"class_path": data}  # every DataModule's places too
+    walk(config, "")
+    return sorted({key.lstrip(".") for key in found if not key.startswith(".model.init_args.class_names")})
+
+
+def plant(config: dict, key: str, value) -> None:
+    """Set dotted ``key`` (``trainer.logger.init_args.save_dir``, ``x[0].y``) in ``config`` to ``value``."""
+    parts = re.findall(r"[^.\[\]]+", key)
+    for part in parts[:-1]:
+        config = config[int(part)] if isinstance(config, list) else config.setdefault(part, {})
+    config[parts[-1]] = value
+
+
+@pytest.mark.slow
+def test_no_place_a_run_or_its_checkpoint_names_is_ever_written_or_read(trained, tmp_path, monkeypatch):
+    """Every place-naming option the parser accepts, planted in a run's config.yaml and in its checkpoint,
+    pointing outside: every entry point writes only under the user's runs directory."""
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / "evil"
+    built = cli(tiny_args(tmp_path / "runs"), run=False)
+    keys = place_options(built.parser, built.config)
+    assert {
+        "trainer.default_root_dir",
+        "checkpoint.dirpath",
+        "predictions.filename",
+        "trainer.logger.init_args.save_dir",
+        "data_template.data.ImageFolderDataModule.init_args.cache_dir",
+    } <= set(keys)
+    images = write_image_folder(tmp_path / "images", classes=[str(d) for d in range(10)], per_class=2,
+                                splits=("train", "val", "test"), size=(8, 8))  # fmt: skip
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    folder = {"_class_path": "template.data.ImageFolderDataModule", "image_size": 8, "channels": "grayscale"}
+    checkpoint["datamodule_hyper_parameters"] = folder
+    for key in keys:
+        section, _, rest = key.partition(".")
+        if section.startswith("data_"):  # a DataModule's places: in config.yaml's data, and in the checkpoint's
+            plant(config, f"data.{rest}", str(evil / key))
+            checkpoint["datamodule_hyper_parameters"][rest.rpartition(".")[2]] = str(evil / key)
+        else:
+            plant(config, key, str(evil / key))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    torch.save(checkpoint, run_dir / "checkpoints" / "last.ckpt")
+    outside_before = {p for p in tmp_path.rglob("*") if "runs" not in p.parts}
+    data = ["--data.root", str(images), "--data.cache_dir", str(tmp_path / "runs" / "cache")]
+    for entry in ENTRIES:
+        extra = [*data, "--data.predict_path", str(images / "test")] if entry == "predict" else data
+        enter(entry, run_dir / "checkpoints" / "last.ckpt", tmp_path, *extra if entry in ENTRIES[:4] else ())
+        assert not evil.exists(), entry
+        assert {p for p in tmp_path.rglob("*") if "runs" not in p.parts} == outside_before, entry
+
+
+def test_a_yaml_alias_bomb_in_a_runs_config_is_refused_at_once(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    bomb = ["a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']"]
+    bomb += [f"{b}: &{b} [*{a},*{a},*{a},*{a},*{a},*{a},*{a},*{a},*{a}]" for a, b in zip("abcdefgh", "bcdefghi")]
+    (run_dir / "config.yaml").write_text("\n".join(bomb) + "\ntrainer: *i\n")
+    started = time.perf_counter()
+    with pytest.raises(SystemExit):
+        enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert time.perf_counter() - started < 30  # a parse, refused at the first alias: not minutes and gigabytes
+    assert f"refusing {run_dir / 'config.yaml'}: an alias (*a)" in capsys.readouterr().err
+    (run_dir / "config.yaml").write_text("trainer:\n" + "  " * 40 + "x: 1\n" + "a: " + "[" * 100 + "]" * 100 + "\n")
+    with pytest.raises(SystemExit):
+        enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert "nested deeper than" in capsys.readouterr().err
+
+
+def test_a_module_of_your_own_is_named_again_or_registered(trained, tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine.py").write_text(
+        "from template.module import ClassificationModule\nfrom template.restore import register\n\n\n"
+        "class Mine(ClassificationModule):\n    pass\n\n\n@register\nclass Other(ClassificationModule):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = doctor(trained, tmp_path, {"_class_path": "mine.Mine"})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        enter("validate", path, tmp_path)
+    assert "name it again: --model mine.Mine" in capsys.readouterr().err and "mine" not in sys.modules
+    assert type(cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), "--model", "mine.Mine",
+                      "--trainer.limit_val_batches", "1"]).model).__name__ == "Mine"  # fmt: skip
+    path = doctor(trained, tmp_path, {"_class_path": "mine.Other"})  # registered where it is defined
+    assert type(ClassificationModule.load_from_checkpoint(path)).__name__ == "ClassificationModule"
+    sys.modules.pop("mine", None)
+
+
+def test_the_checkpoints_the_template_writes_pass_every_check(trained):
+    checkpoint = read_checkpoint(trained)
+    assert checkpoint["integrity"]["algorithm"] == "sha256"
+    model = ClassificationModule.load_from_checkpoint(trained, weights_only=True)
+    assert torch.equal(model.net.head.weight, checkpoint["state_dict"]["net.head.weight"])
+
+
+def test_flipped_bytes_in_a_weight_are_refused(trained, tmp_path, capsys, monkeypatch):
+    damaged = tmp_path / "damaged.ckpt"
+    data = bytearray(trained.read_bytes())
+    tensor = torch.load(trained, weights_only=True)["state_dict"]["net.head.weight"]
+    at = data.find(tensor.numpy().tobytes()[:64])  # the tensor's bytes, stored as they are in the zip
+    assert at > 0
+    data[at : at + 64] = bytes(b ^ 0xFF for b in data[at : at + 64])
+    damaged.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(damaged, weights_only=True)["state_dict"]["net.head.weight"], tensor)
+    with pytest.raises(DamagedCheckpointError, match="tensors differ from the digest"):
+        load_checkpoint(damaged)
+    with pytest.raises(DamagedCheckpointError):
+        ClassificationModule.load_from_checkpoint(damaged, weights_only=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DamagedCheckpointError, match=f"{damaged} is damaged"):
+        cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(damaged)])
+
+
+def test_a_checkpoint_from_another_tool_loads_with_a_note(trained, tmp_path, caplog):
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    torch.save(checkpoint, tmp_path / "other.ckpt")
+    with caplog.at_level("INFO"):
+        loaded = load_checkpoint(tmp_path / "other.ckpt")
+    assert "carries no digest" in caplog.text and loaded["state_dict"].keys() == checkpoint["state_dict"].keys()
+
+
+def test_a_plain_state_dict_or_malformed_checkpoint_is_named_as_such(trained, tmp_path, capsys, monkeypatch):
+    weights = torch.load(trained, weights_only=True)["state_dict"]
+    torch.save(weights, tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        read_checkpoint(tmp_path / "weights.pt")
+    malformed = torch.load(trained, weights_only=True)
+    malformed["callbacks"] = ["not", "a", "dict"]
+    torch.save(malformed, tmp_path / "malformed.ckpt")
+    monkeypatch.chdir(tmp_path)
+    for path, says in (("weights.pt", "not a Lightning checkpoint"), ("malformed.ckpt", "its callbacks is a list")):
+        with pytest.raises(SystemExit):
+            cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
+        assert says in capsys.readouterr().err
+
+
+def test_a_legacy_format_checkpoint_of_plain_values_is_not_refused(trained, tmp_path):
+    checkpoint = torch.load(trained, weights_only=True)
+    torch.save(checkpoint, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    loaded = read_checkpoint(tmp_path / "legacy.ckpt")
+    assert torch.equal(loaded["state_dict"]["net.head.weight"], checkpoint["state_dict"]["net.head.weight"])
+
+
+@pytest.mark.slow
+def test_resuming_never_deletes_what_a_checkpoint_points_outside_its_run(trained, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "runs" / "digits" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text((trained.parent.parent / "config.yaml").read_text())
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    outside = str(run / "checkpoints" / ".." / ".." / ".." / ".." / "precious")
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent: an attacker writes a new one or none
+    for name, state in checkpoint["callbacks"].items():
+        if name.startswith("ModelCheckpoint"):
+            state.update(dirpath=str(run / "checkpoints"), best_model_path=outside, kth_best_model_path=outside)
+            state.update(last_model_path=outside, best_k_models={outside: torch.tensor(0.0)})
+    torch.save(checkpoint, run / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", "last", "--trainer.max_epochs", "3",
+             "--trainer.limit_train_batches", "3"])  # fmt: skip
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    said = [
+        str(warning.message) for warning in caught if "ignoring path(s) in its ModelCheckpoint" in str(warning.message)
+    ]
+    assert said and "precious" in said[0]
+
+
+def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
+    directory = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
+    directory.mkdir(parents=True)
+    key = "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', 'every_n_train_steps': 0}"
+    for name, score in (("best-epoch001", 0.9), ("best-epoch002", 0.95), ("best-epoch003", 0.91)):
+        state = {key: {"monitor": "val/acc", "current_score": torch.tensor(score)}}
+        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+    torch.save({"callbacks": {}}, directory / "last.ckpt")
+    assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch002.ckpt"
+    low = "ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min', 'every_n_train_steps': 0}"
+    for name, score in (("best-epoch001", 0.3), ("best-epoch002", 0.5), ("best-epoch003", 0.4)):
+        state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
+        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+    assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_outside_a_run_never_makes_fit_delete_its_neighbours(trained, tmp_path, monkeypatch):
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "valuable.ckpt").write_text("someone's model")
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    relative = "runs/digits/version_0/checkpoints/../../../../downloads/valuable.ckpt"  # resolves beside it
+    for name, state in checkpoint["callbacks"].items():
+        if name.startswith("ModelCheckpoint"):
+            state.update(best_model_path=relative, kth_best_model_path=relative, last_model_path=relative)
+    torch.save(checkpoint, downloads / "evil.ckpt")
+    monkeypatch.chdir(tmp_path)
+    cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(downloads / "evil.ckpt"),
+         "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "3"])  # fmt: skip
+    assert (downloads / "valuable.ckpt").read_text() == "someone's model"
+
+
+def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():
+    from template.callbacks import TrainingMonitor
+
+    monitor = TrainingMonitor()
+    monitor.load_state_dict({"rows": [{"epoch": 0, '=HYPERLINK("http://x")': 1.0}]})
+    assert monitor.state_dict()["rows"] == []
+    monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}]})
+    assert monitor.state_dict()["rows"] == [{"epoch": 0, "val/acc": 0.5}]
