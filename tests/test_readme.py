@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_args, write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.cli import PROGRAM, cli
@@ -43,10 +44,25 @@ def test_readme_shows_cli_commands():
 SWEEP_OUTPUT = "best.yaml"  # a file the sweep writes: its command runs after the sweep's, below
 
 
+@pytest.fixture(scope="module")
+def a_run(tmp_path_factory) -> dict[str, Path]:
+    """Folders like a clone's after a short `template fit`: configs/, and runs/ with a checkpoint; of the
+    digits, and of an image folder (for the commands that name one)."""
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    folders = {}
+    for kind in ("digits", "images"):
+        folders[kind] = folder = tmp_path_factory.mktemp(kind)
+        (folder / "configs").symlink_to(REPO / "configs")
+        images = write_image_folder(folder / "images", per_class=10) if kind == "images" else None
+        data = ["--config", str(REPO / "configs" / "imagefolder.yaml"), "--data.root", str(images)] if images else []
+        cli(["fit", *tiny_args(folder / "runs"), *quick, *data, "--data.num_workers", "0"])
+    return folders
+
+
 @pytest.mark.parametrize("command", [command for command in COMMANDS if SWEEP_OUTPUT not in command])
-def test_readme_command_parses(command, monkeypatch):
-    # --print_config parses every option and config file, then exits before any work.
-    monkeypatch.chdir(REPO)
+def test_readme_command_parses(command, monkeypatch, a_run):
+    # --print_config parses every option and config file (a checkpoint's record too), then exits before any work.
+    monkeypatch.chdir(a_run["images" if "--data." in command and "--ckpt_path" in command else "digits"])
     args = shlex.split(command)[1:]
     if args[0] == "export":  # its own parser: check the options without exporting anything
         build_parser().parse_args(args[1:])

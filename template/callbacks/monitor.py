@@ -27,6 +27,11 @@ def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
     return image.repeat_interleave(cell, dim=1).repeat_interleave(cell, dim=2)
 
 
+def current_lr(trainer: L.Trainer) -> float:
+    """The learning rate of the first parameter group now."""
+    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+
+
 class TrainingMonitor(Callback):
     """Images/s and epoch time, train and val loss on one chart, a confusion matrix and the
     misclassified validation images in TensorBoard, and the epoch metrics in ``metrics.csv``.
@@ -48,6 +53,7 @@ class TrainingMonitor(Callback):
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self._rows: list[dict] = []
         self._before: dict = {}
+        self._lr: float | None = None  # the learning rate the epoch started with
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
     @property
@@ -90,7 +96,7 @@ class TrainingMonitor(Callback):
         # the ones still the same objects at the epoch's end are from an earlier epoch.
         self._before = dict(trainer.callback_metrics)
         # The learning rate the epoch starts with (the first group's): a schedule that collapsed shows.
-        self._lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+        self._lr = current_lr(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
@@ -105,7 +111,8 @@ class TrainingMonitor(Callback):
         # Lightning calls the module's on_train_epoch_end after this one, and a module may log its
         # epoch metrics there (ours logs train/acc): the row waits for the first hook after it, the
         # saving of a checkpoint (which carries the rows), the next epoch, or the end of training.
-        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
+        lr = self._lr if self._lr is not None else current_lr(trainer)  # a resume mid-epoch started none
+        row, self._lr = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": lr}, None
         self._pending = (trainer, row, speed)
 
     def _write_row(self) -> None:

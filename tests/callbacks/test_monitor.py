@@ -70,7 +70,7 @@ def test_metrics_csv_rows_hold_only_the_values_of_their_own_epoch(run_cli):
                   "2", "--trainer.log_every_n_steps", "5", "--trainer.check_val_every_n_epoch", "2")  # fmt: skip
     rows = list(csv.DictReader((Path(run.trainer.log_dir) / "metrics.csv").open()))
     logged = [{key for key, value in row.items() if value} for row in rows]
-    every_epoch = {"epoch", "step", "train/loss", "train/acc", "train/epoch_time", "train/images_per_sec"}
+    every_epoch = {"epoch", "step", "lr", "train/loss", "train/acc", "train/epoch_time", "train/images_per_sec"}
     at_steps = {"train/grad_norm", "lr/decay", "lr/no_decay"}
     validation = {"val/loss", "val/acc"}
     logging_epoch = every_epoch | at_steps | validation

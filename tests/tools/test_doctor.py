@@ -130,7 +130,7 @@ def test_the_default_config_passes_every_check(capsys):
         (InPlaceNet(), None, "backward", "inplace"),
         (None, NaNPixels(), "batches", "NaN"),
         (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
-        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test[0] (source image"),
+        (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test["),
     ],
     ids=["plain-list", "softmax", "unused-branch", "in-place", "nan-pixels", "label-range", "test-in-train"],
 )
