@@ -14,31 +14,14 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from template.compat import is_compiled
 from template.restore import load_module, register
-from template.schedule import WarmupCosine, build_scheduler, interval_of
+from template.schedule import WarmupCosine, build_scheduler, interval_of, parameter_groups
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
-
 # Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.
 OptimizerCallable = Callable[[Iterable], Optimizer]
 SchedulerCallable = Callable[[Optimizer], LRScheduler | ReduceLROnPlateau]
-
-
-def parameter_groups(net: nn.Module) -> list[dict]:
-    """Split parameters into a weight-decayed group and one without decay.
-
-    Decay pulls weights towards zero to limit their scale; on BatchNorm weights and on
-    biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
-    Every parameter with fewer than 2 dimensions is a norm weight or a bias.
-    """
-    decay, no_decay = [], []
-    for parameter in net.parameters():
-        if parameter.requires_grad:
-            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    return [
-        {"params": decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
-    ]
 
 
 class ClassificationModule(L.LightningModule):
@@ -46,18 +29,13 @@ class ClassificationModule(L.LightningModule):
 
     Args:
         net: the network; swapped from YAML with ``model.net.class_path``.
-        num_classes: number of classes K. Linked from the DataModule by the CLI.
-        class_names: a name per class, kept in the checkpoint for ``predict``. Linked
-            from the DataModule by the CLI.
-        input_shape: (C, H, W) of one input, for the model summary. Linked from the
-            DataModule by the CLI.
+        num_classes, class_names, input_shape: K, a name per class (kept in the checkpoint for ``predict``)
+            and (C, H, W) of one input; linked from the DataModule by the CLI.
         optimizer: builds the optimizer from the parameter groups.
-        lr_scheduler: builds the scheduler from the optimizer: any torch scheduler with its own
-            arguments; one that takes ``total_steps`` gets the run's optimizer steps there unless
-            given (``template.schedule.build_scheduler``); ``None`` keeps the learning rate constant.
-        scheduler_interval: step the scheduler after every optimizer ``step`` or every ``epoch``; by default
-            the interval its own arguments count (``template.schedule.interval_of``): steps for one planned
-            over the run's optimizer steps (warmup-cosine, OneCycleLR), epochs for torch's others (StepLR...).
+        lr_scheduler: builds the scheduler from the optimizer, any torch scheduler (one that takes ``total_steps``
+            gets the run's optimizer steps, ``template.schedule.build_scheduler``); ``None``: a constant LR.
+        scheduler_interval: ``step`` or ``epoch``; by default the interval its own arguments count
+            (``template.schedule.interval_of``: per step for warmup-cosine, per epoch for StepLR...).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
         label_smoothing: mass moved from the true class to all classes in the loss.
         channels_last: keep weights and inputs in NHWC memory order, which tensor-core
@@ -86,10 +64,8 @@ class ClassificationModule(L.LightningModule):
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class_names given for num_classes={num_classes}")
-        # Under LightningCLI this records the parsed config (class paths and plain values),
-        # so `template test --ckpt_path X` rebuilds the same network and the checkpoint
-        # loads with torch.load(weights_only=True). Objects passed from Python are not
-        # config and are dropped: they would need pickle to load.
+        # Under LightningCLI: the parsed config (registry names, plain values) that template.restore reads back.
+        # Objects passed from Python are not config and are dropped: they would need pickle to load.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Attribute '.*' is an instance of `nn.Module`")
             self.save_hyperparameters()
@@ -130,7 +106,7 @@ class ClassificationModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         if self.channels_last:  # moving to the device later keeps the memory format
             self.net.to(memory_format=torch.channels_last)
-        if self.compile_net and not getattr(self.net, "_compiled_call_impl", None):
+        if self.compile_net and not is_compiled(self.net):
             self.net.compile()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -155,15 +131,13 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # Logged here, once, rather than from every training_step with on_epoch=True: each
-        # self.log call costs Lightning ~0.3 ms, a sixth of a small step. Lightning computes
-        # the metric (synced across DDP ranks) and resets it for the next epoch.
+        # Logged once an epoch, not from every step (each self.log call costs a share of a small step);
+        # Lightning computes the metric, synced across DDP ranks, and resets it.
         self.log("train/acc", self.train_acc)
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        # The gradient norm before clipping (Lightning has unscaled mixed-precision gradients by now):
-        # its spikes and collapses are the first sign of a learning rate too high or too low. Only
-        # at the steps Lightning writes logs at, since reading it back waits for the device.
+        # The gradient norm before clipping (unscaled by now): its spikes and collapses are the first sign of a
+        # learning rate too high or too low. Only at the steps Lightning logs at: reading it waits for the device.
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             norms = grad_norm(self.net, norm_type=2)
             if norms:

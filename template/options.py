@@ -3,12 +3,32 @@ which checkpoint it names, which options it gives, and its mistakes told in a li
 
 import difflib
 import inspect
+import logging
+import os
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
+import torch
 import yaml
 from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.utilities import rank_zero_warn
+
+# Commands besides fit / validate / test / predict, each a module with main(args).
+EXTRA_COMMANDS = {
+    "doctor": f"{__package__}.tools.doctor",
+    "lr-find": f"{__package__}.tools.lr_find",
+    "export": f"{__package__}.tools.export",
+    "sweep": f"{__package__}.tools.sweep",
+    "cv": f"{__package__}.tools.cv",
+}
+
+
+# The recipe's defaults, written once: loaded before any --config file or option.
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 # Lines of a jsonargparse error that say where it looked, not what is wrong.
 WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
@@ -106,3 +126,101 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
         for key, value in (default.get("init_args") or {}).items():
             if key not in given and key in (chosen.get("init_args") or {}) and chosen.init_args[key] == value:
                 chosen.init_args[key] = own.parameters[key].default
+
+
+class HideTips(logging.Filter):
+    """Lightning's "💡 Tip" lines advertise its other products: not what a run reports."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(HideTips())
+
+
+# Set to 1 for the full traceback of an error, and jsonargparse's full text of a parse error.
+TRACEBACK_VARIABLE = "TRACEBACK"
+
+
+def wants_traceback() -> bool:
+    return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
+class ConciseArgumentParser(LightningArgumentParser):
+    """Lightning's parser, whose errors say what is wrong in a line or two: the option, and the
+    innermost reason jsonargparse found, instead of its tree of every Union member tried (set
+    TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})  # --trainer.max_epoch is not max_epochs
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not wants_traceback():
+            message = nearest_option(condense(message), [o for a in self._actions for o in a.option_strings])
+        super().error(message, ex)
+
+    def print_usage(self, file=None) -> None:
+        (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
+
+
+def with_default_config(argv: list[str], run: bool) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (at the start without
+    one, for cli(run=False)), so that every --config file and option given overrides it."""
+    if not DEFAULT_CONFIG.is_file():
+        raise FileNotFoundError(
+            f"{DEFAULT_CONFIG} is missing: the CLI reads the recipe's defaults from configs/ beside the "
+            "package; run from a clone of the project, installed with pip install -e ."
+        )
+    if not run:
+        return ["--config", str(DEFAULT_CONFIG), *argv]
+    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None)
+    return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
+
+
+def recipe_run_name() -> str | None:
+    """The run name the recipe's defaults give (runs/<name>/version_N), which a user's config may change."""
+    logger = (yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}).get("logger") or {}
+    return (logger.get("init_args") or {}).get("name")
+
+
+def trained_run_name(ckpt_path: Path) -> str | None:
+    """The name of the run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), or a loose
+    checkpoint's file name: what evaluating it is named after, under the user's runs directory."""
+    path = ckpt_path.resolve()
+    name = path.parents[2].name if path.parent.name == "checkpoints" and len(path.parents) > 2 else path.stem
+    return name if re.fullmatch(r"[A-Za-z0-9][\w.-]{0,99}", name) else None
+
+
+def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
+    """``args`` with a checkpoint's record (YAML) as the first --config after the recipe's defaults: every
+    --config file and option given overrides it."""
+    at = args.index(subcommand) + 1
+    at += 2 if args[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0
+    return [*args[:at], "--config", record, *args[at:]]
+
+
+def settle_trainer(trainer: Namespace) -> None:
+    """The Trainer's settings as the user meant them: a progress bar turned off goes from the callbacks too,
+    SyncBatchNorm only where CUDA is (PyTorch's runs on nothing else), and cuDNN autotuning on for speed
+    unless ``deterministic`` asks for bit-identical reruns."""
+    if trainer.callbacks and trainer.enable_progress_bar is False:
+        # The default callbacks include a progress bar; turning bars off should just work.
+        trainer.callbacks = [c for c in trainer.callbacks if "ProgressBar" not in c.class_path]
+    if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):
+        # PyTorch's SyncBatchNorm runs on CUDA only; a CPU (gloo) run keeps per-process statistics.
+        rank_zero_warn("sync_batchnorm needs CUDA devices; this run keeps BatchNorm statistics per process")
+        trainer.sync_batchnorm = False
+    # Speed by default (cuDNN picks the fastest kernels); `deterministic: true` trades it
+    # for bit-identical reruns: deterministic algorithms and no benchmark autotuning.
+    if trainer.deterministic:
+        trainer.benchmark = False
+    elif trainer.benchmark is None:
+        trainer.benchmark = True
+
+
+def print_config(parser, config: Namespace, subcommand: str | None) -> None:
+    """``--print_config``: the configuration a command runs with (after a checkpoint's record and the changes
+    made to what was given), printed, then exit."""
+    dumped = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
+    print(yaml.safe_dump(dumped.get(subcommand, dumped), sort_keys=False), end="")
+    raise SystemExit(0)

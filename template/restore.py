@@ -39,16 +39,20 @@ from typing import Any
 import lightning as L
 import torch
 import yaml
-from lightning.pytorch.utilities import rank_zero_warn
+from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torch import nn
 
 from template.checkpoints import (
+    CHECKPOINT_ALIASES,
     CheckpointError,
     DamagedCheckpointError,
     UnsafeCheckpointError,
+    find_checkpoint,
     read_checkpoint,
 )
 from template.data.preprocessing import recorded_preprocessing
+from template.runs import runs_dir
 
 # A DataModule's arguments that say where to read or write and what to start, never taken from a file:
 # the user's command says them (any argument typed as a path is treated the same way).
@@ -347,6 +351,45 @@ def load_module(cls: type, path: str | Path, map_location: Any = None, strict: b
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"], strict=strict)
     return module.to(map_location) if isinstance(map_location, str | torch.device) else module
+
+
+def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand: str, args: list[str]) -> Restored:
+    """What ``--ckpt_path`` (``best`` and ``last`` of the latest run under the user's runs directory, or a file)
+    gives a command configured by ``config`` (the user's own command line and --config files: their classes
+    may be named)."""
+    if ckpt_path in CHECKPOINT_ALIASES:
+        found = find_checkpoint(ckpt_path, runs_dir(config))
+        if rank_zero_only.rank == 0:
+            print(f"--ckpt_path {ckpt_path} -> {found}")
+        ckpt_path = found
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
+    own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key == "--data"}
+    return restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
+
+
+def contradictions(trained: dict, data: Any) -> list[str]:
+    """What ``data`` gives that differs from what a model was ``trained`` on: its input shape, classes, names."""
+    found = []
+    for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
+                      ("class_names", "class names")):  # fmt: skip
+        then, now = trained.get(key), getattr(data, key, None)
+        then, now = (list(v) if isinstance(v, list | tuple) else v for v in (then, now))
+        if then is not None and now is not None and then != now:
+            found.append(f"{what}: trained on {then}, the data gives {now}")
+    return found
+
+
+def fit_data(restored: Restored, data: Any) -> None:
+    """Refuse data that contradicts what the checkpoint was trained on (a silent resize or another class list
+    would give confident answers to a different question); normalise as in training."""
+    if mismatches := contradictions(restored.trained, data):
+        raise ValueError(
+            f"{restored.path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
+            "that change them: evaluating a checkpoint starts from the data it was trained with."
+        )
+    if restored.preprocessing is not None and hasattr(data, "use_preprocessing"):
+        data.use_preprocessing(restored.preprocessing, source=str(restored.path))  # without its training images
 
 
 def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:

@@ -6,7 +6,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from template.tracking import class_key, tracker_runs
+from template.options import recipe_run_name, trained_run_name
+from template.tracking import class_key, resolve_trackers, tracker_runs
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -40,3 +41,28 @@ def runs_dir(config: Namespace | dict) -> str:
     if is_tensorboard(logger):
         return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
     return DEFAULT_RUNS_DIR
+
+
+def place_run(
+    config: Namespace, run_name: tuple[str, str] | None, resumed: Path | None, ckpt_path: Path | None
+) -> None:
+    """Where a command's run goes, under the user's runs directory: ``run_name`` when a command running many
+    fits places it, the run directory a resumed fit continues (``resumed``), or, evaluating checkpoint
+    ``ckpt_path``, a new version under the name of the run it came from (unless the user named one); and
+    the trackers, told where to write and which run a resume continues."""
+    logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
+    if is_tensorboard(logger):
+        # Absolute, so the checkpoint directory a resumed run sees is the one its
+        # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
+        logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
+        if run_name is not None:
+            logger.init_args.name, logger.init_args.version = run_name
+        if resumed is not None:  # logs on into the run directory the checkpoint lies in
+            logger.init_args.name, logger.init_args.version = resumed.parent.name, resumed.name
+        elif ckpt_path is not None and run_name is None and logger.init_args.name == recipe_run_name():
+            logger.init_args.name = trained_run_name(ckpt_path) or logger.init_args.name
+    if trackers:
+        name = logger.init_args.get("name") if is_tensorboard(logger) else None
+        if resumed is not None:
+            continue_tracker_runs(trackers, resumed)
+        config.trainer.logger = [logger, *resolve_trackers(trackers, runs_dir(config), name)]

@@ -1,4 +1,5 @@
-"""The learning-rate schedule of the recipe: linear warmup, then cosine decay (with warm restarts)."""
+"""The recipe's optimisation beside the module: linear warmup then cosine decay (with warm restarts), the
+interval a scheduler steps at, and the parameter groups (no weight decay on norms and biases)."""
 
 import inspect
 import math
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CyclicLR, LRScheduler
 
@@ -108,3 +110,20 @@ def interval_of(scheduler: Any) -> str:
     others (StepLR's step_size, MultiStepLR's milestones, CosineAnnealingLR's T_max, ReduceLROnPlateau's
     patience), as every PyTorch user reads them."""
     return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"
+
+
+def parameter_groups(net: nn.Module) -> list[dict]:
+    """Split parameters into a weight-decayed group and one without decay.
+
+    Decay pulls weights towards zero to limit their scale; on BatchNorm weights and on
+    biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
+    Every parameter with fewer than 2 dimensions is a norm weight or a bias.
+    """
+    decay, no_decay = [], []
+    for parameter in net.parameters():
+        if parameter.requires_grad:
+            (decay if parameter.ndim >= 2 else no_decay).append(parameter)
+    return [
+        {"params": decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]

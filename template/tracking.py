@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch import loggers  # each imports its tracker only when used
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from template.checkpoints import DamagedCheckpointError
+from template.compat import logged_params
 
 # In a run directory: the id of the run each tracker logs into, by logger class, for a resume to log on into it.
 TRACKER_RUNS = "trackers.json"
@@ -38,7 +38,7 @@ class MLFlowLogger(loggers.MLFlowLogger):
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
-        params = _flatten_dict(_convert_params(params))  # as Lightning's own does: the keys MLflow gets
+        params = logged_params(params)  # as Lightning's own does: the keys MLflow gets
         logged = self.experiment.get_run(self.run_id).data.params
         if changed := sorted(key for key, value in params.items() if key in logged and logged[key] != str(value)[:250]):
             rank_zero_warn(

@@ -124,6 +124,7 @@ def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_conf
     recipe["model"]["init_args"]["optimizer"]["init_args"]["lr"] = 0.5
     recipe["trainer"]["max_epochs"] = 7
     (tmp_path / "default.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setattr("template.options.DEFAULT_CONFIG", tmp_path / "default.yaml")
     monkeypatch.setattr("template.cli.DEFAULT_CONFIG", tmp_path / "default.yaml")
     changed = yaml.safe_load(print_config())
     assert (

@@ -15,6 +15,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from template.compat import at_last_batch, kill_launched
+
 RNG_KEY = "rng_states"
 # A SIGTERM this soon after the first is the same request delivered twice: timeout(1) signals
 # the process and then its process group, and Lightning forwards rank 0's to the ranks it launched.
@@ -116,8 +118,7 @@ class ResumeState(Callback):
         elif now - self._first_sigterm < REPEAT_AFTER_S:
             return
         os.write(2, b"SIGTERM outside a batch, or a second one: exiting at once, without a checkpoint\n")
-        if trainer.strategy.launcher is not None:
-            trainer.strategy.launcher.kill(signal.SIGKILL)  # as Lightning does on a second Ctrl-C
+        kill_launched(trainer, signal.SIGKILL)
         os._exit(128 + signal.SIGTERM)
 
     def _stop_watching(self) -> None:
@@ -138,13 +139,13 @@ class ResumeState(Callback):
         self._in_batches = True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
-        self._in_batches = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        self._in_batches = not at_last_batch(trainer, validating=False)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._in_batches = True
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
-        self._in_batches = not trainer.fit_loop.epoch_loop.val_loop.batch_progress.is_last_batch
+        self._in_batches = not at_last_batch(trainer, validating=True)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._stop_watching()

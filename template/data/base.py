@@ -15,6 +15,7 @@ from numbers import Integral
 import lightning as L
 import numpy as np
 import torch
+from jsonargparse import ArgumentParser, Namespace
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset
 
@@ -407,3 +408,20 @@ class ImageDataModule(L.LightningDataModule, ABC):
             images = random_erasing(images, self.random_erasing)
             images, labels = mix(images, labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
         return images, labels
+
+
+def instantiate_data(config: Namespace) -> ImageDataModule:
+    """The DataModule a configuration's ``data`` section describes, built as LightningCLI builds classes, with
+    the class path in its hyper-parameters (checkpoints name it); an image size chosen by the DataModule is
+    written back, so that config.yaml records the size used."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(ImageDataModule, "data")
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
+    data = instantiate(parser.parse_object({"data": config.as_dict()})).data
+    if isinstance(data.hparams, dict):
+        data.hparams["_class_path"] = config.class_path
+    init_args = config.get("init_args") or Namespace()
+    if "image_size" in init_args and init_args.image_size is None:
+        height, width = data.image_size
+        init_args.image_size = height if height == width else [height, width]
+    return data

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from template.data.augment import Policy
 from template.data.base import ImageDataModule, Split, stratified_split
 
 FOLDER = "cifar-10-batches-py"
@@ -51,49 +50,25 @@ class CIFAR10DataModule(ImageDataModule):
     Args:
         root: directory holding ``cifar-10-batches-py/``.
         download: fetch the archive into ``root`` through torchvision when it is missing.
-        batch_size: images per batch on each device.
-        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of the training set held out for validation.
         split_seed: seed of the train/val split alone.
-        num_workers: DataLoader workers; 0 is fastest for data already in memory.
-        crop_padding: reflect padding of the random crop (4 is the standard CIFAR recipe).
-        hflip: mirror training images at random.
-        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
-            default (see ImageDataModule).
-        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
+        batch_size, crop_padding, hflip: the standard CIFAR recipe's (512; random crops padded by 4 pixels,
+            mirrored at random).
+        **kwargs: every other option of ImageDataModule (the augmentation, folds...).
     """
 
     def __init__(
         self,
         root: str = "data/cifar10",
         download: bool = False,
-        batch_size: int = 512,
-        global_batch_size: int | None = None,
         val_fraction: float = 0.1,
         split_seed: int = 0,
-        num_workers: int = 0,
+        batch_size: int = 512,
         crop_padding: int = 4,
         hflip: bool = True,
-        policy: Policy | None = None,
-        random_erasing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        folds: int | None = None,
-        fold: int = 0,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size,
-            num_workers,
-            crop_padding,
-            hflip,
-            global_batch_size,
-            policy=policy,
-            random_erasing=random_erasing,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-            folds=folds,
-            fold=fold,
-        )
+        super().__init__(batch_size=batch_size, crop_padding=crop_padding, hflip=hflip, **kwargs)
         self.save_hyperparameters()
         self.root = Path(root)
         self.download = download

@@ -7,7 +7,6 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from template.data.augment import Policy
 from template.data.base import ImageDataModule, Split, stratified_split
 
 
@@ -15,50 +14,24 @@ class DigitsDataModule(ImageDataModule):
     """Handwritten digits 0-9, split into train / val / test by class, with a fixed seed.
 
     Args:
-        batch_size: images per batch on each device.
-        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of all images held out for validation (checkpoint choice).
         test_fraction: share of all images held out for the final test.
         split_seed: seed of the split alone, so that changing the training seed never
             moves images between train, val and test.
-        num_workers: DataLoader workers; 0 is fastest for data already in memory.
-        crop_padding: random translation by up to this many pixels.
-        hflip: off, since a mirrored digit is a different (or no) digit.
-        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
-            default (see ImageDataModule).
-        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
+        crop_padding: random translation by up to this many pixels (the base's flip stays off: a
+            mirrored digit is a different digit, or none).
+        **kwargs: every option of ImageDataModule (batch_size, the augmentation, folds...).
     """
 
     def __init__(
         self,
-        batch_size: int = 64,
-        global_batch_size: int | None = None,
         val_fraction: float = 0.15,
         test_fraction: float = 0.2,
         split_seed: int = 0,
-        num_workers: int = 0,
         crop_padding: int = 1,
-        hflip: bool = False,
-        policy: Policy | None = None,
-        random_erasing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        folds: int | None = None,
-        fold: int = 0,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size,
-            num_workers,
-            crop_padding,
-            hflip,
-            global_batch_size,
-            policy=policy,
-            random_erasing=random_erasing,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-            folds=folds,
-            fold=fold,
-        )
+        super().__init__(crop_padding=crop_padding, **kwargs)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction

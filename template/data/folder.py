@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
-from template.data.augment import RATIO, Policy, channel_stats
+from template.data.augment import channel_stats
 from template.data.base import (  # one name a line: a renamed project's longer package name fits
     ImageDataModule,
     Split,
@@ -91,8 +91,6 @@ class ImageFolderDataModule(ImageDataModule):
             ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224), so
             random crops keep some freedom and evaluation takes the centre 7/8.
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
-        batch_size: images per batch on each device.
-        global_batch_size: images per step over all devices; overrides batch_size (see ImageDataModule).
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
         test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``.
             0.1 by default, so that ``test`` always has images the checkpoint choice never
@@ -115,14 +113,9 @@ class ImageFolderDataModule(ImageDataModule):
         classes: the class names, in label order; by default the sorted folder names of
             ``root/train``, which must then be the same set. Evaluating a checkpoint, the CLI
             sets them to the trained ones, so a folder is labelled as the model was trained.
-        crop_padding: reflect padding of the random crop, in pixels of the training size.
-        crop_scale: random-resized crops instead, from this range of the stored image's area
-            (e.g. [0.25, 1]); needs crop_padding 0. ``None``: off.
-        crop_ratio: their aspect ratio range (width / height), torchvision's by default.
-        hflip: mirror training images at random.
-        policy, random_erasing, mixup_alpha, cutmix_alpha: the stronger augmentations, off by
-            default (see ImageDataModule).
-        folds, fold: k-fold cross-validation of train and val pooled (see ImageDataModule).
+        batch_size, crop_padding, hflip: for photos (32; random crops padded by 4 pixels, mirrored).
+        **kwargs: every other option of ImageDataModule (global_batch_size, crop_scale, the
+            augmentation, folds...).
     """
 
     resize = "cover_center_crop"  # template.data.cache.decode
@@ -133,8 +126,6 @@ class ImageFolderDataModule(ImageDataModule):
         image_size: int | tuple[int, int] | None = None,
         resize_size: int | tuple[int, int] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
-        batch_size: int = 32,
-        global_batch_size: int | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 0,
@@ -146,31 +137,13 @@ class ImageFolderDataModule(ImageDataModule):
         skip_invalid: bool = False,
         predict_path: str | list[str] | None = None,
         classes: list[str] | None = None,
+        batch_size: int = 32,
         crop_padding: int = 4,
-        crop_scale: tuple[float, float] | None = None,
-        crop_ratio: tuple[float, float] = RATIO,
         hflip: bool = True,
-        policy: Policy | None = None,
-        random_erasing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        folds: int | None = None,
-        fold: int = 0,
+        **kwargs,
     ) -> None:
         super().__init__(
-            batch_size,
-            num_workers,
-            crop_padding,
-            hflip,
-            global_batch_size,
-            crop_scale=crop_scale,
-            crop_ratio=crop_ratio,
-            policy=policy,
-            random_erasing=random_erasing,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-            folds=folds,
-            fold=fold,
+            batch_size=batch_size, num_workers=num_workers, crop_padding=crop_padding, hflip=hflip, **kwargs
         )
         self.save_hyperparameters()
         if not 0 <= test_fraction < 1:
@@ -179,7 +152,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         self.mode = "RGB" if channels == "rgb" else "L"
         self.in_channels = 3 if channels == "rgb" else 1
-        self._resize_size = resize_pair(resize_size, self.image_size, 1.0 if crop_scale is None else RESIZE_MARGIN)
+        self._resize_size = resize_pair(resize_size, self.image_size, 1.0 if self.crop_scale is None else RESIZE_MARGIN)
         self.cache = cache
         self.cache_dir = Path(cache_dir)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction

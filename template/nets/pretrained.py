@@ -23,6 +23,31 @@ def weights_of(init_args: dict) -> Any:
     return weights if isinstance(weights, Enum) and hasattr(weights, "url") else None
 
 
+def pretrained(net_args: Any, data_args: Any, weights_file: str | None, wanted: bool) -> str | Path | None:
+    """The file the network starts from, if any, with the network and data arguments (a jsonargparse
+    Namespace each) set for it: torchvision weights named in ``net_args`` are read from the hub cache (or from
+    ``weights_file``), never by torch hub's loader, the network built without them; the data takes their
+    normalisation and input size unless given. ``wanted``: False when a checkpoint holds the weights."""
+    weights = weights_of(vars(net_args)) if wanted else None
+    if "weights" in net_args:
+        net_args.weights = None  # built without them: loaded by template.checkpoints.load_pretrained
+    if not wanted:
+        return None
+    if weights_file and not Path(weights_file).is_file():  # before any data is read
+        raise FileNotFoundError(
+            f"weights_file {weights_file}: no such file (in {Path(weights_file).resolve().parent}); give the path "
+            "of a state_dict saved with torch.save or safetensors, or leave weights_file out"
+        )
+    if weights is not None:
+        weights_file = weights_file or check_cached(weights)
+        stats = weights.transforms()  # how the weights were trained: their normalisation and input size
+        if "mean" in data_args and data_args.mean is None and data_args.get("std") is None:
+            data_args.mean, data_args.std = list(stats.mean), list(stats.std)
+        if "image_size" in data_args and data_args.image_size is None:
+            data_args.image_size = stats.crop_size[0] if len(stats.crop_size) == 1 else list(stats.crop_size)
+    return weights_file
+
+
 def cached_file(weights: Any) -> Path:
     """Where torch hub keeps ``weights`` (``$TORCH_HOME/hub/checkpoints/<file>``)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name

@@ -1,0 +1,58 @@
+"""What a command says at its end: the run summary of a fit, how many images an evaluation scored."""
+
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from rich.console import Console
+
+from template.callbacks import TrainingMonitor
+from template.runs import loggers_of
+from template.tracking import where_to_look
+
+PROGRAM = __package__
+
+
+def print_evaluated(cli, split: str) -> None:
+    """How many images the score is of: the whole split, or a part of it that options limited."""
+    count, data = cli.model.images_evaluated.get(split), cli.datamodule
+    if cli.trainer.is_global_zero and count and f"{split}/acc" in cli.trainer.callback_metrics:
+        size = len(data.datasets[split]) if split in getattr(data, "datasets", {}) else count
+        part = "the whole split" if count >= size else f"of {size}: limited by this command's options"
+        acc = float(cli.trainer.callback_metrics[f"{split}/acc"])
+        print(f"{split}/acc {acc:.4f} on {count} images ({part})")
+
+
+def print_summary(cli, run_dir: Path) -> None:
+    """The run directory, best and last checkpoints, the command that tests the best, the learning rate at the
+    first and last epoch (a schedule that collapsed shows), and where the curves and trackers are."""
+    # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
+    checkpoints = cli.trainer.checkpoint_callbacks
+    best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)
+    last = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and not c.monitor), None)
+    lines = [f"run directory    {run_dir}"]
+    if best is not None and best.best_model_path:
+        lines += [
+            f"best checkpoint  {best.best_model_path}",
+            f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
+            *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
+        ]
+        # Only where `test` has images to read: a folder without test/ and test_fraction 0 has none.
+        # Nor in a sweep's trial or a fold of cv, each one of many runs: test the one chosen, once.
+        if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
+            root = getattr(cli.datamodule, "root", None)  # where the images are: the command says, never the file
+            where = f" --data.root {root}" if root else ""
+            lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}{where}")
+    rows = next((c.rows for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
+    if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:
+        (first, lr), (final, lr_final) = lrs[0], lrs[-1]
+        lines.append(
+            f"learning rate    {lr:.3g} at epoch {first}" + f", {lr_final:.3g} at epoch {final}" * (final > first)
+        )
+    lines.append(f"curves:          tensorboard --logdir {run_dir}")
+    configured = loggers_of(cli.config.get(str(cli.subcommand), cli.config))[1:]
+    lines += [where_to_look(tracker, settings) for tracker, settings in zip(cli.trainer.loggers[1:], configured)]
+    # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
+    console = Console(soft_wrap=True)
+    console.rule("run summary")
+    for line in lines:
+        console.print(line, highlight=False)
