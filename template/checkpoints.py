@@ -57,7 +57,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         torch.save(with_digest(checkpoint), buffer)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with temporary.open("wb") as file:
+            temporary.unlink(missing_ok=True)  # and created anew, never followed: a planted link writes nowhere
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            with os.fdopen(descriptor, "wb") as file:
                 file.write(buffer.getbuffer())
                 file.flush()
                 os.fsync(file.fileno())

@@ -29,6 +29,7 @@ import functools
 import inspect
 import os
 import pkgutil
+import re
 import sys
 import types
 import typing
@@ -50,6 +51,7 @@ from template.checkpoints import (
     UnsafeCheckpointError,
     find_checkpoint,
     read_checkpoint,
+    strip_prefixes,
 )
 from template.data.preprocessing import recorded_preprocessing
 from template.runs import runs_dir
@@ -63,6 +65,8 @@ LINKED = ("num_classes", "class_names", "input_shape")
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
            "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
            "val_check_interval", "limit_train_batches", "limit_val_batches")  # fmt: skip
+# Arguments that load pretrained weights (torchvision's weights, weights_backbone, pretrained=True): never from a file.
+DOWNLOADS = re.compile(r"^(weights|pretrained)")
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
@@ -188,6 +192,13 @@ def takes_class(annotation: Any) -> bool:
     return typing.get_origin(annotation) is type or any(takes_class(each) for each in typing.get_args(annotation))
 
 
+def has_url(annotation: Any) -> bool:
+    """Whether an argument of this type names pretrained weights (torchvision's WeightsEnum: each has a URL)."""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return any(hasattr(member, "url") for member in annotation)
+    return any(has_url(each) for each in typing.get_args(annotation))
+
+
 def is_path(annotation: Any) -> bool:
     return (isinstance(annotation, type) and issubclass(annotation, PurePath | os.PathLike)) or any(
         is_path(each) for each in typing.get_args(annotation)
@@ -212,7 +223,8 @@ def conforms(value: Any, annotation: Any) -> bool:
     if annotation in (bool, int, str):
         return type(value) is annotation
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return type(value) is str and isinstance(getattr(annotation, value.rpartition(".")[2], None), annotation)
+        prefix, _, member = value.rpartition(".") if type(value) is str else ("", "", "")
+        return prefix in ("", annotation.__name__) and isinstance(getattr(annotation, member, None), annotation)
     if origin in (list, tuple, set, frozenset, collections.abc.Sequence) or annotation in (list, tuple):
         if type(value) not in (list, tuple):
             return False
@@ -250,6 +262,8 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
             retired.append(name)  # an option a template update removed, say: the rest still restores
             continue
         annotation = types_.get(name, typing.Any)
+        if DOWNLOADS.search(name) or has_url(annotation):  # pretrained weights: a file read or a download
+            continue  # the checkpoint holds every tensor of its own; nothing else is ever loaded for it
         if (kind := kind_of(annotation)) is not None and isinstance(value, dict):
             kept[name] = component(value, kind, f"{key}.{name}", source, own)
         elif kind is not None and isinstance(value, str) and takes_class(annotation):  # type[BasicBlock]: a name
@@ -309,6 +323,11 @@ def restore(
     for key, kind in (("num_classes", int), ("class_names", list[str]), ("input_shape", list[int])):
         if trained[key] is not None and not conforms(trained[key], kind):
             refuse(source, f"hyper_parameters.{key}", trained[key], f"not a {describe(kind)}")
+    shape = trained["input_shape"]
+    if shape is not None and not (len(shape) == 3 and 0 < shape[0] <= 64 and 0 < shape[1] * shape[2] <= 1 << 24):
+        refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
+    if isinstance(net := config.get("model", {}).get("init_args", {}).get("net"), dict):
+        check_network(net, checkpoint, source)
     run_dir = own_run(path, runs_dir)
     if fit and run_dir is not None:
         config.update(resumed_settings(run_dir / "config.yaml"))
@@ -317,6 +336,25 @@ def restore(
     except ValueError as error:
         raise DamagedCheckpointError(f"{source}: {error}") from None
     return Restored(Path(path), config, trained, preprocessing, run_dir)
+
+
+def check_network(spec: dict, checkpoint: dict, source: str) -> None:
+    """The record's network must be the one whose tensors the checkpoint holds: built first on the meta device
+    (no memory, no time), its tensor shapes are compared with the file's, so that arguments (a width of 9000)
+    can never make this process build something else, however large."""
+    try:
+        with torch.device("meta"):
+            net = build(spec)
+    except Exception:  # a network that cannot be built on the meta device: built for real, and checked then
+        return
+    expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
+    stored = {key: tuple(value.shape) for key, value in strip_prefixes(checkpoint["state_dict"], "net.").items()}
+    if expected != stored:
+        differ = sorted(
+            set(expected) ^ set(stored) | {k for k in set(expected) & set(stored) if expected[k] != stored[k]}
+        )
+        refuse(source, "hyper_parameters.net", spec["class_path"], f"whose arguments do not describe the checkpoint's "
+               f"own tensors ({len(differ)} differ, e.g. {differ[0]})")  # fmt: skip
 
 
 def build(spec: dict, **given: Any) -> Any:
@@ -399,13 +437,16 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
         return None
     checkpoint, runs = Path(path).resolve(), Path(runs_dir).resolve()
     run_dir = checkpoint.parent.parent
-    if (
+    if not (
         checkpoint.parent.name == "checkpoints"
         and run_dir.parent.parent == runs
         and (run_dir / "config.yaml").is_file()
     ):
-        return run_dir
-    return None
+        return None
+    if linked := [str(p) for folder in (run_dir, checkpoint.parent) for p in folder.iterdir() if p.is_symlink()]:
+        rank_zero_warn(f"{run_dir} holds symbolic links ({', '.join(linked[:3])}): resumed into a new run directory")
+        return None
+    return run_dir
 
 
 def resumed_settings(path: Path) -> dict:

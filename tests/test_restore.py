@@ -15,6 +15,7 @@ import yaml
 from conftest import tiny_args, write_image_folder
 
 from template.checkpoints import (
+    AtomicCheckpointIO,
     CheckpointError,
     DamagedCheckpointError,
     UnsafeCheckpointError,
@@ -113,8 +114,25 @@ def code_attacks(tmp_path: Path, sentinel: str, marker: Path) -> dict[str, tuple
             "net.init_args.norm_layer", f"{sentinel}.Net",
             {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"norm_layer": f"{sentinel}.Net"}}},
         ),
-        "enum member that is none": (
-            "net.init_args.weights", f"{sentinel}.Net",
+        # Pretrained weights anywhere in the network (a builder nested as another's argument, pretrained=True
+        # through **kwargs): torch hub's loader would unpickle the cached file (made to run code below).
+        "pretrained weights nested in a network": (
+            "net", "torchvision.models.VGG",
+            {"net": {"class_path": "torchvision.models.VGG", "init_args": {"features": {
+                "class_path": "torchvision.models.resnet18", "init_args": {"weights": "IMAGENET1K_V1"}}}}},
+        ),
+        "pretrained through **kwargs": (
+            "net", "torchvision.models.resnet18",
+            {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"pretrained": True}}},
+        ),
+        # Literal arguments that would build a network of gigabytes: its shapes must be the file's tensors'.
+        "a network far larger than its tensors": (
+            "net", "template.nets.ResNet",
+            {"net": {"class_path": "template.nets.ResNet", "init_args": {"widths": [8, 8, 8, 9000],
+                                                                        "blocks_per_stage": [1, 1, 1, 1]}}},
+        ),
+        "enum member that is none": (  # never read: pretrained weights never come from a file
+            "net", "torchvision.models.resnet18",
             {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"weights": f"{sentinel}.Net"}}},
         ),
     }  # fmt: skip
@@ -127,6 +145,9 @@ def test_a_checkpoint_naming_code_is_refused_in_one_line_by_every_entry_point(
     name, imported = sentinel
     ran = tmp_path / "ran"
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # a hub cache whose resnet18 file runs code
+    (tmp_path / "torch" / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save({"x": Payload(str(ran))}, tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth")
     for attack, (key, value, change) in code_attacks(tmp_path, name, ran).items():
         path = doctor(trained, tmp_path, change)
         refusal = f"refusing {path}: its hyper_parameters.{key} is {value!r}"
@@ -380,3 +401,30 @@ def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():
     assert monitor.state_dict()["rows"] == []
     monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}]})
     assert monitor.state_dict()["rows"] == [{"epoch": 0, "val/acc": 0.5}]
+
+
+class Payload:
+    """Unpickling this runs a shell command."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("kept")
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    (run_dir / "metrics.csv").unlink()
+    (run_dir / "metrics.csv").symlink_to(outside / "victim")
+    enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)  # resumed into a new run directory
+    assert (outside / "victim").read_text() == "kept" and (tmp_path / "runs" / "digits" / "version_1").is_dir()
+    planted = run_dir / "checkpoints" / f".last.ckpt.{os.getpid()}.tmp"  # this writer's own temporary name
+    planted.symlink_to(outside / "victim")
+    AtomicCheckpointIO().save_checkpoint({"step": 1}, run_dir / "checkpoints" / "last.ckpt")
+    assert (outside / "victim").read_text() == "kept"
+    assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from template.callbacks.nonfinite import NonFiniteError
+from template.callbacks.predictions import spreadsheet_safe
 from template.cli import PROGRAM
 
 try:
@@ -61,6 +62,10 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # a plain name: a folder of the runs, never a path
 POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
 STORAGE_TRIES = 5  # how often a worker tries to open the study's storage (workers started together race)
+
+
+class OutsideTheSpace(Exception):
+    """A trial enqueued in the study with values outside the space: failed, not run."""
 
 
 class NotThisWorkers(Exception):
@@ -125,12 +130,12 @@ def as_options(values: dict) -> list[str]:
     return [f"--{key}={as_option(values[key])}" for key in sorted(values, key=lambda key: key.count("."))]
 
 
-def checked_params(trial: optuna.trial.FrozenTrial, space: dict[str, dict], source: str) -> dict:
+def checked_params(trial, space: dict[str, dict], source: str, error: type[Exception] = ValueError) -> dict:
     """A finished trial's values, each checked against the local space (type, range, declared choices): what the
     study's database says is another worker's word, and any worker can write it."""
     params = trial.params
     if set(params) != set(space):
-        raise ValueError(f"refusing {source}: its parameters {sorted(params)} are not the space's {sorted(space)}")
+        raise error(f"refusing {source}: its parameters {sorted(params)} are not the space's {sorted(space)}")
     for key, spec in space.items():
         value = params[key]
         if spec["type"] == "categorical":
@@ -139,7 +144,7 @@ def checked_params(trial: optuna.trial.FrozenTrial, space: dict[str, dict], sour
             kinds = (int,) if spec["type"] == "int" else (int, float)
             ok = type(value) in kinds and spec["low"] <= value <= spec["high"]
         if not ok:
-            raise ValueError(f"refusing {source}: its {key} is {value!r}, outside the space ({spec})")
+            raise error(f"refusing {source}: its {key} is {value!r}, outside the space ({spec})")
     return params
 
 
@@ -218,6 +223,8 @@ def run_study(
         run_name = (options.study_name, f"trial_{trial.number:03d}")
         trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))  # for the dashboard: never read back
         trial_options = suggest(trial, space)
+        # An enqueued trial's values are the database's word (any worker writes it): only those of the space run.
+        checked_params(trial, space, f"trial {trial.number} of study {study.study_name}", OutsideTheSpace)
         pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
         try:
             result = fit(fit_args + trial_options, run_name, callbacks=(pruner,))
@@ -236,7 +243,7 @@ def run_study(
         if finished + running >= options.n_trials and not waiting:
             time.sleep(POLL_SECONDS)  # the last trials are the other workers'; take over one that dies
             continue
-        study.optimize(objective, n_trials=1, catch=(NotThisWorkers,))
+        study.optimize(objective, n_trials=1, catch=(NotThisWorkers, OutsideTheSpace))
 
 
 def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_args: list[str]) -> None:
@@ -250,7 +257,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}",
                      *(trial.params.get(name, "") for name in names), str(out_dir / f"trial_{trial.number:03d}")])  # fmt: skip
     text = io.StringIO()
-    csv.writer(text).writerows([header, *rows])
+    csv.writer(text).writerows([[spreadsheet_safe(str(cell)) for cell in row] for row in [header, *rows]])
     out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
     write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal

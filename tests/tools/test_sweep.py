@@ -166,6 +166,15 @@ def test_a_poisoned_study_never_writes_its_text_into_best_yaml(tmp_path, monkeyp
     assert "--study_name '../elsewhere': a plain name" in capsys.readouterr().err
 
 
+def test_a_trial_enqueued_outside_the_space_fails_without_running(tmp_path, monkeypatch):
+    study = started_study(tmp_path, monkeypatch)
+    study.enqueue_trial({"model.optimizer.init_args.lr": 50.0})  # another worker's (anyone's) database row
+    main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
+    states = [trial.state for trial in load(tmp_path, "lr").get_trials()]
+    assert states == [TrialState.FAIL, TrialState.COMPLETE]
+    assert not (tmp_path / "runs" / "lr" / "trial_000").exists()  # nothing trained with it
+
+
 def test_a_study_started_with_another_space_is_refused_naming_it(tmp_path, monkeypatch, capsys):
     study = started_study(tmp_path, monkeypatch)
     study.set_user_attr("space", {"model.init_args.label_smoothing": {"type": "float", "low": 0.0, "high": 0.2}})
