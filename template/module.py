@@ -16,7 +16,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from template.compat import is_compiled
 from template.restore import load_module, register
-from template.schedule import WarmupCosine, build_scheduler, interval_of, parameter_groups
+from template.schedule import (
+    WarmupCosine,
+    build_scheduler,
+    interval_of,
+    parameter_groups,
+)
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 # Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.

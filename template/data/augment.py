@@ -107,8 +107,7 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]
 
     As torchvision's ``resized_crop`` without antialiasing, which matters only when a box is
     larger than ``size``, here at most 8/7 of it. On the CPU, torch's uint8 kernel image by
-    image (15 ms a batch of 128 at 146 -> 128 px on one core, against 50 for one grid_sample on
-    float); on a GPU, one grid_sample for the batch, where a kernel per image would cost more
+    image (several times faster than one grid_sample on float); on a GPU, one grid_sample for the batch, where a kernel per image would cost more
     in launches than in work. The two sample the same points and agree within one level of 255.
     """
     return (resize_each if images.device.type == "cpu" else resize_batch)(images, boxes, size)
@@ -118,7 +117,7 @@ def resize_each(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) 
     """``resized_crops`` one image at a time: a crop view, then ``F.interpolate`` (uint8 stays uint8).
 
     On one thread: an image is too little work to share out, and the threads would wait for each
-    other at every call (15 ms a batch of 128 on one thread, 24 on two, 106 on two busy cores).
+    other at every call (benchmarks/data_throughput.py measures it).
     """
     out = torch.empty(*images.shape[:2], *size, dtype=images.dtype, device=images.device)
     threads = torch.get_num_threads()
@@ -215,8 +214,7 @@ def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor
     """Mirror each image left-right with the given probability."""
     flip = torch.rand(images.shape[0], device=images.device) < probability
     # Each image picked from the batch or its mirror by index: no boolean-mask index, which makes the
-    # host wait for the device every step, and on the CPU 2 ms a batch of 128 at 128 px where
-    # torch.where's broadcast over uint8 takes 6.
+    # host wait for the device every step, and on the CPU faster than torch.where's broadcast over uint8.
     choice = torch.arange(len(images), device=images.device) + len(images) * flip
     return torch.cat([images, images.flip(3)]).index_select(0, choice)
 

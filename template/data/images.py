@@ -18,9 +18,8 @@ def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
 
     With ``draft``, a JPEG is decoded at a half, a quarter or an eighth of its size when both
     sides stay at least ``draft`` (libjpeg's DCT scaling, ``Image.draft``; other formats are
-    decoded in full). Resizing a 500x375 photo to cover 146x146 then takes 1.6 ms instead of
-    2.3 (2-core x86_64); the pixels differ from a full decode's by 1.4 levels of 255 on average,
-    the two being different downscaling filters. A square of the longer side, in either
+    decoded in full), which makes resizing a photo down to a training size faster; the pixels
+    differ from a full decode's by about a level of 255, the two being different downscaling filters. A square of the longer side, in either
     orientation, so that a deployment repeats it in one line (README).
     """
     with Image.open(path) as image:

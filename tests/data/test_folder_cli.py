@@ -9,6 +9,7 @@ from conftest import write_image_folder
 from template.checkpoints import load_checkpoint
 from template.commands import main
 from template.data import ImageFolderDataModule
+from template.summary import print_summary
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "imagefolder.yaml"
 
@@ -96,7 +97,7 @@ def test_a_folder_of_train_and_val_alone_is_tested_on_a_share_held_out_of_train(
     assert not set(test_files) & set(fitted.datamodule.split_files["train"])
 
     fitted.datamodule.test_fraction = 0  # no test/ and none held out: no test split to suggest
-    fitted.print_summary(Path(fitted.trainer.log_dir))
+    print_summary(fitted, Path(fitted.trainer.log_dir))
     summary = capsys.readouterr().out
     assert "best checkpoint" in summary and "test --ckpt_path" not in summary
 

@@ -82,11 +82,18 @@ def test_a_worker_killed_mid_trial_loses_only_that_trial_and_a_restart_completes
 @pytest.mark.slow
 def test_hopeless_trials_are_pruned_and_the_best_yaml_refits_to_the_recorded_metric(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    space_file(tmp_path)
+    # A space wide enough to hold a hopeless learning rate; the first two trials at good ones, enqueued.
+    (tmp_path / "lr.yaml").write_text(
+        "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 20.0, log: true}\n"
+    )
+    (tmp_path / "runs").mkdir()
+    study = optuna.create_study(study_name="lr", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}",
+                                direction="maximize")  # fmt: skip
+    for lr in (1e-3, 3e-3):
+        study.enqueue_trial({"model.optimizer.init_args.lr": lr})
     sweep = ["sweep", "--space", "lr.yaml", "--study_name", "lr", "--n_startup_trials", "2", *QUICK]
     sweep += ["--trainer.deterministic", "true"]
     main([*sweep, "--n_trials", "2"])
-    study = load(tmp_path, "lr")
     # Planted: a learning rate too large to learn anything, pruned by Optuna's Lightning callback
     # after its first epoch.
     study.enqueue_trial({"model.optimizer.init_args.lr": 10.0})
