@@ -1,11 +1,11 @@
 """The command line: ``template fit | validate | test | predict`` through LightningCLI: typed ``__init__``
 signatures plus YAML in ``configs/``, so a misspelt key or a wrongly typed value fails before any training."""
 
+import json
 import sys
 import warnings
 from pathlib import Path
 
-import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -102,7 +102,9 @@ class ClassificationCLI(LightningCLI):
                 self.restored = for_command(ckpt_path, self.config[subcommand], self.model_class, subcommand, args)
             except (CheckpointError, FileNotFoundError) as error:
                 parser.error(str(error))
-            super().parse_arguments(parser, with_record(args, subcommand, yaml.safe_dump(self.restored.config)))
+            # JSON (YAML whose strings are always quoted): a class named "1e3" stays a string.
+            args = with_record(args, subcommand, json.dumps(self.restored.config))
+            super().parse_arguments(parser, args)
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
@@ -111,7 +113,9 @@ class ClassificationCLI(LightningCLI):
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
-        if printing:
+        if printing:  # with the checkpoint: what it prints is what a `--config` of it would run
+            if self.restored is not None:
+                self.config[subcommand].ckpt_path = str(self.restored.path)
             print_config(parser, self.config, subcommand)
 
     def before_instantiate_classes(self) -> None:

@@ -101,8 +101,9 @@ def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
     for token in args:
         if match := pattern.match(token):
             given.add(match.group(3))
-    for flag, value in zip(args, args[1:]):
-        if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag.split("=")[0]) and value.lstrip().startswith("{"):
+    pairs = [(token.split("=", 1)[0], token.split("=", 1)[1]) for token in args if "=" in token]
+    for flag, value in [*zip(args, args[1:]), *pairs]:
+        if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag) and value.lstrip().startswith("{"):
             given |= set((yaml.safe_load(value) or {}).get("init_args") or {})
     for config in given_configs(args, skip=recipe):
         model = config.get("model") or {}

@@ -65,8 +65,12 @@ LINKED = ("num_classes", "class_names", "input_shape")
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
            "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
            "val_check_interval", "limit_train_batches", "limit_val_batches")  # fmt: skip
+DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the DataModule (left out of a first parse)
 # Arguments that load pretrained weights (torchvision's weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
+PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$")
+# A network's literal sizes (widths, blocks, stems), bounded before even a meta-device build of it.
+NETWORK_INT, NETWORK_LIST = 1 << 16, 1 << 10
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
@@ -134,15 +138,15 @@ def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
     if not isinstance(name, str):
         refuse(source, key, name, f"not the name of a {kind}")
     found = registry().get(name)
-    if found is None and name in own:
+    if found is None and name in own:  # the user's own code: imported as they asked, if it is of the kind
         obj = pkgutil.resolve_name(name)
-        found = registry().get(name) or (kind, obj)
+        found = registry().get(name) or (kind if not isinstance(obj, type) or issubclass(obj, KINDS[kind]) else "", obj)
     if found is None:
         option = {"module": "--model", "data": "--data", "net": "--model.net", "optimizer": "--model.optimizer"}
         refuse(source, key, name, f"which is no registered {kind} (template.restore.register); if it is your own "
                f"code, name it again: {option.get(kind, '--model.lr_scheduler')} {name}")  # fmt: skip
     if found[0] != kind:
-        refuse(source, key, name, f"a {found[0]}, where a {kind} belongs")
+        refuse(source, key, name, f"a {found[0] or 'class of another kind'}, where a {kind} belongs")
     return found[1]
 
 
@@ -245,10 +249,21 @@ def component(value: Any, kind: str, key: str, source: str, own: set[str]) -> di
     init_args = value.get("init_args") or {}
     if not isinstance(init_args, dict):
         refuse(source, f"{key}.init_args", init_args, "not a mapping of arguments")
+    if kind == "net" and not bounded(init_args):
+        refuse(source, f"{key}.init_args", init_args, f"with numbers above {NETWORK_INT} or lists over {NETWORK_LIST}")
     return {
         "class_path": value["class_path"],
         "init_args": arguments(target, init_args, f"{key}.init_args", source, own),
     }
+
+
+def bounded(value: Any) -> bool:
+    """Whether a network's literal arguments stay within sizes a network of images has."""
+    if isinstance(value, dict):
+        return all(bounded(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return len(value) <= NETWORK_LIST and all(bounded(item) for item in value)
+    return not (type(value) is int and abs(value) > NETWORK_INT)
 
 
 def arguments(target: Any, given: dict, key: str, source: str, own: set[str], skip: tuple = ()) -> dict:
@@ -264,6 +279,8 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
         annotation = types_.get(name, typing.Any)
         if DOWNLOADS.search(name) or has_url(annotation):  # pretrained weights: a file read or a download
             continue  # the checkpoint holds every tensor of its own; nothing else is ever loaded for it
+        if is_path(annotation) or PATH_NAMES.search(name):  # a place: the user's command says it, never a file
+            continue
         if (kind := kind_of(annotation)) is not None and isinstance(value, dict):
             kept[name] = component(value, kind, f"{key}.{name}", source, own)
         elif kind is not None and isinstance(value, str) and takes_class(annotation):  # type[BasicBlock]: a name
@@ -369,7 +386,7 @@ def build(spec: dict, **given: Any) -> Any:
         if isinstance(value, dict) and "class_path" in value:
             init_args[name] = build(value)
         elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
-            init_args[name] = registry()[value][1]
+            init_args[name] = registry().get(value, (None, None))[1] or pkgutil.resolve_name(value)
     return target(**init_args)
 
 
@@ -402,7 +419,8 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         ckpt_path = found
     if not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
-    own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key == "--data"}
+    own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
+    own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}
     return restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
 
 

@@ -131,6 +131,18 @@ def code_attacks(tmp_path: Path, sentinel: str, marker: Path) -> dict[str, tuple
             {"net": {"class_path": "template.nets.ResNet", "init_args": {"widths": [8, 8, 8, 9000],
                                                                         "blocks_per_stage": [1, 1, 1, 1]}}},
         ),
+        # A class the user's own configuration names (the default logger), where a network belongs: it would
+        # be built, and its save_dir (an ftp:// URL) opened.
+        "a class of the user's config of another kind": (
+            "net.class_path", "lightning.pytorch.loggers.TensorBoardLogger",
+            {"net": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                     "init_args": {"save_dir": "ftp://127.0.0.1:9/x"}}},
+        ),
+        "a network of a hundred million blocks": (
+            "net.init_args", {"widths": [1], "blocks_per_stage": [100_000_000]},
+            {"net": {"class_path": "template.nets.ResNet",
+                     "init_args": {"widths": [1], "blocks_per_stage": [100_000_000]}}},
+        ),
         "enum member that is none": (  # never read: pretrained weights never come from a file
             "net", "torchvision.models.resnet18",
             {"net": {"class_path": "torchvision.models.resnet18", "init_args": {"weights": f"{sentinel}.Net"}}},
@@ -428,3 +440,11 @@ def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained,
     AtomicCheckpointIO().save_checkpoint({"step": 1}, run_dir / "checkpoints" / "last.ckpt")
     assert (outside / "victim").read_text() == "kept"
     assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()
+
+
+def test_print_config_of_a_checkpoint_shows_what_a_config_of_it_runs(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        cli(["test", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(trained), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["ckpt_path"] == str(trained)  # `test --config printed.yaml` tests the trained weights

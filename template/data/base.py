@@ -274,7 +274,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
             turn[labels == label] = np.arange((labels == label).sum())
         order = np.lexsort((labels, turn))
         self.datasets[split] = self.datasets[split].subset(order)
-        if len(getattr(self, "split_files", {}).get(split, ())) == len(order):  # not a fold's: a pooled cut
+        if self.folds is None and split in getattr(self, "split_files", {}):  # a fold's val is a pooled cut, unnamed
             self.split_files[split] = [self.split_files[split][index] for index in order]
 
     def _compute_normalization(self) -> None:

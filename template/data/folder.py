@@ -269,7 +269,8 @@ class ImageFolderDataModule(ImageDataModule):
             if invalid:
                 named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
                 if not self.skip_invalid:
-                    problems = [describe(named, f"unreadable file(s) in {self.root / split}")]
+                    where = self.root / split if split != "predict" else "data.predict_path"
+                    problems = [describe(named, f"unreadable file(s) in {where}")]
                     raise ValueError(
                         self._with_unreadable(problems, self.folders if split != "predict" else {}, checked=split)
                         + "\nRemove or replace them, or set data.skip_invalid: true to leave them out."

@@ -222,8 +222,11 @@ def run_study(
             raise NotThisWorkers(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
         run_name = (options.study_name, f"trial_{trial.number:03d}")
         trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))  # for the dashboard: never read back
-        trial_options = suggest(trial, space)
         # An enqueued trial's values are the database's word (any worker writes it): only those of the space run.
+        try:
+            trial_options = suggest(trial, space)
+        except (ValueError, TypeError) as error:  # a value Optuna cannot even represent in the space
+            raise OutsideTheSpace(f"trial {trial.number} of study {study.study_name}: {error}") from None
         checked_params(trial, space, f"trial {trial.number} of study {study.study_name}", OutsideTheSpace)
         pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
         try:
@@ -257,7 +260,8 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}",
                      *(trial.params.get(name, "") for name in names), str(out_dir / f"trial_{trial.number:03d}")])  # fmt: skip
     text = io.StringIO()
-    csv.writer(text).writerows([[spreadsheet_safe(str(cell)) for cell in row] for row in [header, *rows]])
+    safe = [[cell if isinstance(cell, int | float) else spreadsheet_safe(str(cell)) for cell in row] for row in rows]
+    csv.writer(text).writerows([header, *safe])
     out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
     write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
@@ -270,14 +274,20 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     # Whole values in a log (a SLURM job's, say): a terminal's width only where there is one.
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     console.print(table)
-    try:
-        best = study.best_trial
-    except ValueError:  # no trial completed
-        console.print("no trial completed: no best.yaml", highlight=False)
+    # The best trial whose values are of the local space (any worker writes the database: one that is not is
+    # named and passed over), as this worker's own fit options plus those values: no configuration text
+    # from the database is ever parsed.
+    done = [trial for trial in trials if trial.state == TrialState.COMPLETE and trial.value is not None]
+    best, params = None, None
+    for trial in sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE"):
+        try:
+            best, params = trial, checked_params(trial, space, f"trial {trial.number} of study {study.study_name}")
+            break
+        except ValueError as error:
+            console.print(f"{error}: passed over", highlight=False)
+    if params is None:
+        console.print("no trial completed within the space: no best.yaml", highlight=False)
         return
-    # This worker's own fit options and the best trial's values, checked against the local space: no
-    # configuration text from the shared database is ever parsed.
-    params = checked_params(best, space, f"the best trial ({best.number}) of study {study.study_name}")
     config = resolved_config([*fit_args, *as_options(params)])
     logger = loggers_of(config)[0]
     if is_tensorboard(logger):  # the refit beside the trials: runs/<study>/version_N
@@ -335,7 +345,7 @@ def main(args: list[str]) -> None:
         parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
-    if not STUDY_NAME.match(options.study_name):
+    if not STUDY_NAME.fullmatch(options.study_name):
         parser.error(f"--study_name {options.study_name!r}: a plain name (letters, digits, _ . -), not a path")
     config = resolved_config(fit_args)
     try:  # the space's keys are fit options: a typo is found now, not as a failed first trial

@@ -158,15 +158,15 @@ def test_a_poisoned_study_never_writes_its_text_into_best_yaml(tmp_path, monkeyp
     best = (tmp_path / "runs" / "lr" / "best.yaml").read_text()
     assert "os.system" not in best and "#x" not in best
     assert yaml.safe_load(best)["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 2e-3
-    # Outside the space: refused, naming the trial and the value.
+    # A "best" trial outside the space: passed over, naming the trial and the value.
     wide = {"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 100.0, log=True)}
     study.add_trial(optuna.trial.create_trial(params={"model.optimizer.init_args.lr": 50.0}, value=2.0,
                                               distributions=wide))  # fmt: skip
-    with pytest.raises(SystemExit):
-        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
-    assert (
-        "refusing the best trial (1) of study lr: its model.optimizer.init_args.lr is 50.0" in capsys.readouterr().err
-    )
+    capsys.readouterr()
+    main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])  # passed over, named: best.yaml as before
+    assert "refusing trial 1 of study lr: its model.optimizer.init_args.lr is 50.0" in capsys.readouterr().out
+    best = yaml.safe_load((tmp_path / "runs" / "lr" / "best.yaml").read_text())
+    assert best["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 2e-3
     assert not (tmp_path / "pwned").exists()
     with pytest.raises(SystemExit):
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--study_name", "../elsewhere", *QUICK])
