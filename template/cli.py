@@ -136,7 +136,9 @@ class ClassificationCLI(LightningCLI):
         data_config, net = config.data, config.model.init_args.net
         init_args, data_args = net.get("init_args") or Namespace(), data_config.get("init_args") or Namespace()
         # A checkpoint holds its trained weights, its head included: no other file is read.
-        weights_file = pretrained(init_args, data_args, config.get("weights_file"), self.restored is None)
+        weights_file = pretrained(
+            net.class_path, init_args, data_args, config.get("weights_file"), self.restored is None
+        )
         data = instantiate_data(data_config)
         net.init_args = Namespace(
             **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)

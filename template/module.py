@@ -43,12 +43,10 @@ class ClassificationModule(L.LightningModule):
             (``template.schedule.interval_of``: per step for warmup-cosine, per epoch for StepLR...).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
         label_smoothing: mass moved from the true class to all classes in the loss.
-        channels_last: keep weights and inputs in NHWC memory order, which tensor-core
-            convolutions (fp16/bf16 on recent GPUs) run faster; results are the same.
-        compile: ``torch.compile`` the network in place (``nn.Module.compile``, so checkpoint
-            keys do not change): faster steps on GPU after a compile of tens of seconds.
-        flip_tta: evaluate (val, test, predict) on the average of the logits of each image
-            and its mirror image. Only for classes that a mirror does not change.
+        channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
+        compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
+        flip_tta: evaluate (val, test, predict) on the mean logits of each image and its mirror image.
+        layer_decay: layer-wise learning-rate decay for fine-tuning (``template.schedule.parameter_groups``).
     """
 
     def __init__(
@@ -65,12 +63,13 @@ class ClassificationModule(L.LightningModule):
         channels_last: bool = False,
         compile: bool = False,
         flip_tta: bool = False,
+        layer_decay: float | None = None,
     ) -> None:
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class_names given for num_classes={num_classes}")
-        # Under LightningCLI: the parsed config (registry names, plain values) that template.restore reads back.
-        # Objects passed from Python are not config and are dropped: they would need pickle to load.
+        # The parsed config (registry names, plain values) that template.restore reads back; objects passed from
+        # Python are dropped (they would need pickle to load).
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Attribute '.*' is an instance of `nn.Module`")
             self.save_hyperparameters()
@@ -86,6 +85,7 @@ class ClassificationModule(L.LightningModule):
         self.channels_last = channels_last
         self.compile_net = compile
         self.flip_tta = flip_tta
+        self.layer_decay = layer_decay
         self.class_names = list(class_names) if class_names else [str(index) for index in range(num_classes)]
         if input_shape is not None:
             self.example_input_array = torch.zeros(2, *input_shape)
@@ -120,9 +120,8 @@ class ClassificationModule(L.LightningModule):
         return self.net(images)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # cross_entropy applies log-softmax itself: a softmax before it would squash the
-        # gradients and is the classic silent bug. Labels are class indices (B,) or, mixed by
-        # MixUp/CutMix, probabilities (B, K); label smoothing then mixes those with uniform.
+        # On logits: cross_entropy applies log-softmax itself (a softmax first is the classic silent bug).
+        # Labels are class indices (B,) or MixUp/CutMix's probabilities (B, K).
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -136,13 +135,11 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # Logged once an epoch, not from every step (each self.log call costs a share of a small step);
-        # Lightning computes the metric, synced across DDP ranks, and resets it.
+        # Once an epoch, not every step; Lightning computes it, synced across DDP ranks, and resets it.
         self.log("train/acc", self.train_acc)
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        # The gradient norm before clipping (unscaled by now): its spikes and collapses are the first sign of a
-        # learning rate too high or too low. Only at the steps Lightning logs at: reading it waits for the device.
+        # Before clipping: spikes and collapses show a learning rate too high or low. Only at logged steps (a sync).
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
             norms = grad_norm(self.net, norm_type=2)
             if norms:
@@ -157,17 +154,14 @@ class ClassificationModule(L.LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
         logits = self._evaluate_logits(images)
-        # Accumulated here and logged once, at the epoch's end, as train/acc is.
         getattr(self, f"{split}_acc").update(logits, labels)
-        # The batch's mean loss once per image, so the epoch's is each image's (a last, smaller
-        # batch weighs less). Not MeanMetric's weight=: torchmetrics 1.9 drops it with nan_strategy "disable".
+        # The batch's mean loss once per image: a last, smaller batch weighs less (MeanMetric's weight= drops NaN).
         getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
         getattr(self, f"{split}_images").update(len(labels))
         return logits
 
     def _log_evaluation(self, split: str) -> None:
-        # Logging the metric objects, Lightning computes them over the whole split, summed across
-        # DDP ranks (so every rank checkpoints on the same value), and resets them.
+        # Computed over the whole split, across DDP ranks (every rank checkpoints on the same value), and reset.
         self.log(f"{split}/loss", getattr(self, f"{split}_loss"))
         self.log(f"{split}/acc", getattr(self, f"{split}_acc"), prog_bar=True)
         counter = getattr(self, f"{split}_images")
@@ -187,11 +181,12 @@ class ClassificationModule(L.LightningModule):
         self._log_evaluation("test")
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        images = batch[0]
-        return self._evaluate_logits(images).softmax(dim=1)  # (B, K) class probabilities
+        return self._evaluate_logits(batch[0]).softmax(dim=1)  # (B, K) class probabilities
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer(parameter_groups(self.net))
+        optimizer = self.optimizer(parameter_groups(self.net, self.layer_decay))
+        for group in optimizer.param_groups:
+            group["lr"] *= group.pop("lr_scale", 1.0)
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}
         steps = int(self.trainer.estimated_stepping_batches)

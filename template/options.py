@@ -152,6 +152,11 @@ class ConciseArgumentParser(LightningArgumentParser):
     innermost reason jsonargparse found, instead of its tree of every Union member tried (set
     TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
 
+    def add_function_arguments(self, function, *args, linked_targets=None, **kwargs):
+        # jsonargparse 4.53 passes linked_targets here too, when an option overrides an argument of a network
+        # built by a function (torchvision.models.resnet18, template.nets.timm_net) that a config names.
+        return super().add_function_arguments(function, *args, **kwargs)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})  # --trainer.max_epoch is not max_epochs
 

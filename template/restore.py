@@ -106,7 +106,8 @@ def registry() -> dict[str, tuple[str, Any]]:
                       (torch.optim.lr_scheduler, None)]  # fmt: skip
         for module, _ in namespaces:
             for attribute, obj in vars(module).items():
-                kind = next((k for k, b in KINDS.items() if isinstance(obj, type) and issubclass(obj, b)), None)
+                made = typing.get_type_hints(obj).get("return") if inspect.isfunction(obj) else obj  # a builder's
+                kind = next((k for k, b in KINDS.items() if isinstance(made, type) and issubclass(made, b)), None)
                 if kind and not attribute.startswith("_") and not inspect.isabstract(obj):
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = (
                         kind, obj)  # fmt: skip

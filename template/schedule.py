@@ -112,13 +112,20 @@ def interval_of(scheduler: Any) -> str:
     return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"
 
 
-def parameter_groups(net: nn.Module) -> list[dict]:
+def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:
     """Split parameters into a weight-decayed group and one without decay.
 
     Decay pulls weights towards zero to limit their scale; on BatchNorm weights and on
     biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
     Every parameter with fewer than 2 dimensions is a norm weight or a bias.
+
+    With ``layer_decay`` (fine-tuning), timm's groups per depth instead: each ``lr_scale`` (applied by
+    ``ClassificationModule.configure_optimizers``) is ``layer_decay`` to the power of the layer's distance
+    from the head, so the pretrained early layers move least. Frozen parameters are in them too (an
+    optimizer passes over a parameter without a gradient): unfreezing them needs no new group.
     """
+    if layer_decay is not None:
+        return layer_groups(net, layer_decay)
     decay, no_decay = [], []
     for parameter in net.parameters():
         if parameter.requires_grad:
@@ -127,3 +134,32 @@ def parameter_groups(net: nn.Module) -> list[dict]:
         {"params": decay, "name": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
     ]
+
+
+def layer_groups(net: nn.Module, layer_decay: float) -> list[dict]:
+    from template.nets.timm_models import import_timm
+
+    if not 0 < layer_decay <= 1:
+        raise ValueError(f"model.layer_decay={layer_decay} must be in (0, 1]: 0.65 to 0.85 are usual")
+    if not hasattr(net, "group_matcher"):
+        raise ValueError(
+            f"model.layer_decay needs a network that names its layers' depth (a timm network's "
+            f"group_matcher); {type(net).__name__} has none: set model.layer_decay to null"
+        )
+    import_timm()
+    from timm.optim import param_groups_layer_decay
+
+    frozen = [parameter for parameter in net.parameters() if not parameter.requires_grad]
+    for parameter in frozen:
+        parameter.requires_grad_(True)
+    try:
+        groups = param_groups_layer_decay(net, weight_decay=1.0, layer_decay=layer_decay)
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+    for group in groups:  # named by their distance from the head: lr_scale is layer_decay ** distance
+        distance = round(math.log(group["lr_scale"]) / math.log(layer_decay)) if layer_decay < 1 else 0
+        group["name"] = f"depth{distance}_{'decay' if group['weight_decay'] else 'no_decay'}"
+        if group["weight_decay"]:
+            del group["weight_decay"]  # the optimizer's own
+    return groups

@@ -46,6 +46,8 @@ class FreezeBackbone(BaseFinetuning):
         backbone = nn.ModuleList(head_and_backbone(pl_module.net)[1])
         self.make_trainable(backbone)
         head = optimizer.param_groups[0]
+        if {id(p) for p in backbone.parameters()} <= {id(p) for g in optimizer.param_groups for p in g["params"]}:
+            return  # already in the optimizer's groups (model.layer_decay's): trainable now, at their own rates
         for group in parameter_groups(backbone):
             optimizer.add_param_group(
                 {

@@ -8,5 +8,6 @@ from template.nets.resnet import (
     ResNet34,
     ResNetSmall,
 )
+from template.nets.timm_models import timm_net
 
-__all__ = ["BasicBlock", "ResNet", "ResNet9", "ResNet18", "ResNet34", "ResNetSmall"]
+__all__ = ["BasicBlock", "ResNet", "ResNet9", "ResNet18", "ResNet34", "ResNetSmall", "timm_net"]

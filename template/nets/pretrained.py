@@ -9,11 +9,13 @@ weights file that is not in the cache is an error naming the file and the folder
 """
 
 import hashlib
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 
@@ -23,29 +25,65 @@ def weights_of(init_args: dict) -> Any:
     return weights if isinstance(weights, Enum) and hasattr(weights, "url") else None
 
 
-def pretrained(net_args: Any, data_args: Any, weights_file: str | None, wanted: bool) -> str | Path | None:
+def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str | None, wanted: bool) -> str | None:
     """The file the network starts from, if any, with the network and data arguments (a jsonargparse
     Namespace each) set for it: torchvision weights named in ``net_args`` are read from the hub cache (or from
-    ``weights_file``), never by torch hub's loader, the network built without them; the data takes their
-    normalisation and input size unless given. ``wanted``: False when a checkpoint holds the weights."""
-    weights = weights_of(vars(net_args)) if wanted else None
+    ``weights_file``), never by torch hub's loader, the network built without them; a timm network
+    (``template.nets.timm_net``) reads its own, ``weights_file`` as its ``pretrained_file``. The data takes the
+    weights' normalisation, input size and evaluation resize unless given. ``wanted``: False when a checkpoint
+    holds the weights."""
+    timm = class_path.rpartition(".")[2] == "timm_net"
+    weights = None if timm else weights_of(vars(net_args))
     if "weights" in net_args:
         net_args.weights = None  # built without them: loaded by template.checkpoints.load_pretrained
-    if not wanted:
-        return None
-    if weights_file and not Path(weights_file).is_file():  # before any data is read
+    if weights_file and wanted and not Path(weights_file).is_file():  # before any data is read
         raise FileNotFoundError(
             f"weights_file {weights_file}: no such file (in {Path(weights_file).resolve().parent}); give the path "
             "of a state_dict saved with torch.save or safetensors, or leave weights_file out"
         )
-    if weights is not None:
-        weights_file = weights_file or check_cached(weights)
-        stats = weights.transforms()  # how the weights were trained: their normalisation and input size
-        if "mean" in data_args and data_args.mean is None and data_args.get("std") is None:
-            data_args.mean, data_args.std = list(stats.mean), list(stats.std)
-        if "image_size" in data_args and data_args.image_size is None:
-            data_args.image_size = stats.crop_size[0] if len(stats.crop_size) == 1 else list(stats.crop_size)
-    return weights_file
+    # The data as the weights were trained, whether they are read now or are in a checkpoint already.
+    if timm and net_args.get("pretrained"):
+        from template.nets.timm_models import pretrained_config
+
+        config = pretrained_config(net_args.name)
+        size = config.input_size[1] if config.input_size[1] == config.input_size[2] else list(config.input_size[1:])
+        trained = {"mean": list(config.mean), "std": list(config.std), "image_size": size, "crop": config.crop_pct}
+        follow(data_args, trained, f"timm {net_args.name}")
+    elif weights is not None:
+        transform = weights.transforms()
+        size = transform.crop_size[0] if len(transform.crop_size) == 1 else list(transform.crop_size)
+        crop = min(transform.crop_size) / transform.resize_size[0]
+        trained = {"mean": list(transform.mean), "std": list(transform.std), "image_size": size, "crop": crop}
+        follow(data_args, trained, f"{type(weights).__name__}.{weights.name}")
+    if timm:  # timm_net reads its weights itself, weights_file as its pretrained_file
+        net_args.pretrained = bool(wanted and (net_args.get("pretrained") or weights_file))
+        net_args.pretrained_file = weights_file if wanted else None
+        return None
+    if not wanted or weights is None:
+        return weights_file if wanted else None
+    return weights_file or check_cached(weights)
+
+
+def follow(data_args: Any, trained: dict, source: str) -> None:
+    """Set the data's options to how pretrained weights were trained (mean, std, image_size; resize_size from the
+    crop fraction) where the user gave none; a one-line note names the ones they gave that differ."""
+    crop = trained.pop("crop")
+    differ = []
+    for key, value in trained.items():
+        if key not in data_args:
+            continue
+        if data_args[key] is None:
+            data_args[key] = value
+        elif pair(data_args[key]) != pair(value):
+            differ.append(f"data.{key}={data_args[key]} (trained: {value})")
+    if "resize_size" in data_args and data_args.resize_size is None and data_args.get("image_size") is not None:
+        data_args.resize_size = math.floor(min(pair(data_args.image_size)) / crop)  # its evaluation crop's framing
+    if differ:
+        rank_zero_info(f"note: {'; '.join(differ)}: not what {source} was trained with")
+
+
+def pair(value: Any) -> Any:
+    return [value, value] if isinstance(value, int) else [float(v) for v in value]
 
 
 def cached_file(weights: Any) -> Path:
@@ -54,9 +92,7 @@ def cached_file(weights: Any) -> Path:
 
 
 def check_cached(weights: Any) -> Path:
-    """The torch hub cache's file of ``weights``, refused if it is missing (nothing is downloaded during a
-    run) or if its contents do not match the hash prefix in its name (torchvision's convention,
-    ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
+    """The torch hub cache's file of ``weights``, refused if it is missing: nothing is downloaded during a run."""
     path = cached_file(weights)
     if not path.is_file():
         raise FileNotFoundError(
@@ -64,6 +100,12 @@ def check_cached(weights: Any) -> Path:
             f"{path.name} (from {weights.url}) in {path.parent}, or point TORCH_HOME at a folder whose "
             "hub/checkpoints holds it; nothing is downloaded during a run"
         )
+    return check_hub_file(path, weights.url)
+
+
+def check_hub_file(path: Path, url: str) -> Path:
+    """``path``, refused if its contents do not match the hash prefix in its name (torch hub's convention,
+    ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
     expected = torch.hub.HASH_REGEX.search(path.name)
     if expected is not None:
         digest = hashlib.sha256()
@@ -73,7 +115,7 @@ def check_cached(weights: Any) -> Path:
         if not digest.hexdigest().startswith(expected.group(1)):
             raise ValueError(
                 f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
-                f"not torchvision's file); replace it with {weights.url}"
+                f"not the published file); replace it with {url}"
             )
     return path
 

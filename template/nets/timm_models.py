@@ -1,0 +1,124 @@
+"""Any timm network by name (``pip install -e '.[timm]'``), its pretrained weights read offline, as tensors only.
+
+    model:
+      net:
+        class_path: template.nets.timm_net
+        init_args: {name: resnet18.a1_in1k, pretrained: true, drop_path_rate: 0.05}
+
+The weights come from where timm keeps them: the Hugging Face cache (``timm/<name>.<tag>``, found without
+a network, as with ``HF_HUB_OFFLINE=1``), the torch hub cache for weights timm still serves by URL, or
+``pretrained_file`` (the top-level ``--weights_file`` sets it). They are read as tensors (safetensors, or
+``torch.load(weights_only=True)``) and handed to timm, which adapts them to the network: a new classifier
+for another class count, the first convolution summed for grey images, its own key mapping.
+"""
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from template.checkpoints import read_weights, strip_prefixes
+from template.nets.pretrained import check_hub_file
+
+INSTALL = "timm is not installed: pip install -e '.[timm]' (the dev extra has it too)"
+# Options that name a file or weights to load: only through `pretrained` and `pretrained_file`.
+REFUSED = re.compile(r"pretrained|checkpoint|cache|file|path|dir|url|hub|num_classes|in_chans|features_only")
+
+
+def import_timm() -> Any:
+    try:
+        import timm
+    except ImportError:
+        raise ImportError(INSTALL) from None
+    return timm
+
+
+def checked(name: str) -> Any:
+    """timm, once ``name`` is one of its models (``timm.list_models``), never a hub or folder address."""
+    timm = import_timm()
+    architecture = timm.models.split_model_name_tag(name)[0]
+    if ":" in name or not timm.is_model(architecture):
+        raise ValueError(f"model.net name {name!r} is not a timm model: see timm.list_models('{architecture[:4]}*')")
+    return timm
+
+
+def pretrained_config(name: str) -> Any:
+    """timm's record of how ``name``'s weights were trained (mean, std, input size, crop fraction...)."""
+    timm = checked(name)
+    architecture = timm.models.split_model_name_tag(name)[0]
+    config = timm.get_pretrained_cfg(name)
+    if config is None:
+        tags = timm.list_pretrained(f"{architecture}.*")
+        raise ValueError(f"timm has no pretrained weights {name!r}; it has {', '.join(tags) or 'none for it'}")
+    return config
+
+
+def weights_location(config: Any) -> Path:
+    """The file of ``config``'s weights in the Hugging Face or torch hub cache; nothing is downloaded."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    looked = []
+    if config.hf_hub_id:  # the environment as it is now (huggingface_hub reads it once, when imported)
+        home = os.environ.get("HF_HOME")
+        cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(home, "hub") if home else constants.HF_HUB_CACHE)
+        for filename in (config.hf_hub_filename, "model.safetensors", "pytorch_model.bin"):
+            found = filename and try_to_load_from_cache(config.hf_hub_id, filename, cache_dir=cache)
+            if isinstance(found, str):
+                return Path(found)
+        looked.append(f"{config.hf_hub_id} in the Hugging Face cache {cache}")
+    if config.url:
+        path = Path(torch.hub.get_dir()) / "checkpoints" / Path(config.url).name
+        if path.is_file():
+            return check_hub_file(path, config.url)
+        looked.append(f"{path.name} in {path.parent}")
+    get = f"`hf download {config.hf_hub_id}` on a machine online, then copy the cache" if config.hf_hub_id else "it"
+    raise FileNotFoundError(
+        f"no pretrained weights for timm {config.architecture} (tag {config.tag}): looked for {'; '.join(looked)}. "
+        f"Fetch {get}, or give --weights_file PATH; nothing is downloaded during a run"
+    )
+
+
+def timm_net(
+    name: str,
+    num_classes: int = 1000,
+    in_channels: int = 3,
+    pretrained: bool = False,
+    pretrained_file: str | None = None,
+    drop_rate: float = 0.0,
+    drop_path_rate: float | None = None,
+    options: dict[str, int | float | bool | str | None] | None = None,
+) -> nn.Module:
+    """``timm.create_model(name, ...)`` with the data's class count and channels.
+
+    Args:
+        name: a timm model, with the tag of its weights (``resnet18.a1_in1k``; the default tag without one).
+        pretrained: start from the weights (the caches or ``pretrained_file``); the data then takes their
+            mean, std, input size and crop fraction unless given (``template.nets.pretrained``).
+        pretrained_file: a state_dict file (safetensors or torch.save) read in place of the caches.
+        drop_rate: dropout before the classifier; drop_path_rate: stochastic depth, for fine-tuning.
+        options: timm's other options of the network (``global_pool: avg``...); no file or weights.
+    """
+    timm = checked(name)
+    options = dict(options or {})
+    if refused := [key for key in options if REFUSED.search(key)]:
+        raise ValueError(
+            f"model.net options {refused}: weights and files come only from pretrained and pretrained_file"
+        )
+    config = pretrained_config(name) if pretrained else None
+    if drop_path_rate is not None:
+        options["drop_path_rate"] = drop_path_rate
+    settings = {"num_classes": num_classes, "in_chans": in_channels, "drop_rate": drop_rate, **options}
+    if config is None:
+        return timm.create_model(name, pretrained=False, **settings)
+    path = Path(pretrained_file) if pretrained_file else weights_location(config)
+    state_dict = read_weights(path)
+    if any(key.startswith("net.") for key in state_dict):  # a checkpoint of this template's
+        state_dict = strip_prefixes(state_dict, "net.")
+    overlay = {"state_dict": state_dict, "source": None}
+    net = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **settings)
+    net.pretrained_cfg = {key: value for key, value in net.pretrained_cfg.items() if key != "state_dict"}
+    print(f"timm {name}: pretrained weights from {path} ({len(state_dict)} tensors)")
+    return net

@@ -1,0 +1,135 @@
+"""A timm network from YAML: weights from a test-made Hugging Face cache or a file, the data following the
+weights' preprocessing, layer-wise LR decay, and every command on it."""
+
+import functools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from conftest import write_image_folder
+from safetensors.torch import save_file
+
+from template.cli import cli
+from template.commands import main
+from template.module import ClassificationModule
+from template.nets import ResNetSmall, timm_net
+
+timm = pytest.importorskip("timm")  # in the dev extra: always here in CI
+REPO = Path(__file__).resolve().parents[1]
+NAME = "mobilenetv3_small_050.lamb_in1k"  # a small timm network with pretrained weights
+CONFIGS = ["--config", "configs/imagefolder.yaml", "--config", "configs/finetune_timm.yaml", "--model.net.name", NAME]
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch) -> dict[str, torch.Tensor]:
+    """``NAME``'s weights (randomly initialised) where the Hugging Face hub keeps them, offline."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    state = timm.create_model(NAME).state_dict()
+    repo = tmp_path / "hf" / f"models--{timm.get_pretrained_cfg(NAME).hf_hub_id.replace('/', '--')}"
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    save_file(state, repo / "snapshots" / "0123abcd" / "model.safetensors")
+    return state
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch) -> Path:
+    """The README's commands run in a clone: its configs, and a folder of images."""
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    return write_image_folder(tmp_path / "images", classes=("cat", "dog"), per_class=8, splits=("train", "test"))
+
+
+def built(images: Path, *args: str):
+    return cli([*CONFIGS, "--data.root", str(images), "--data.num_workers", "0", *args], run=False)
+
+
+def test_pretrained_weights_load_from_the_hf_cache_and_a_file_and_equal_them(hf_cache, clone, tmp_path, capsys):
+    net = built(clone, "--data.image_size", "32").model.net
+    loaded = net.state_dict()
+    assert net.classifier.out_features == 2  # the data's two classes: timm's new head
+    kept = [key for key in hf_cache if not key.startswith("classifier.")]
+    assert len(kept) == len(hf_cache) - 2 and all(torch.equal(loaded[key], hf_cache[key]) for key in kept)
+    assert "pretrained weights from " + str(tmp_path / "hf") in capsys.readouterr().out
+
+    other = {key: value + 1 if value.is_floating_point() else value for key, value in hf_cache.items()}
+    save_file(other, tmp_path / "mine.safetensors")
+    net = built(clone, "--data.image_size", "32", "--weights_file", str(tmp_path / "mine.safetensors")).model.net
+    assert all(torch.equal(net.state_dict()[key], other[key]) for key in kept)
+
+
+def test_missing_weights_are_one_line_naming_the_model_tag_and_where_it_looked(clone, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    with pytest.raises(SystemExit):
+        main(["fit", *CONFIGS, "--data.root", str(clone)])
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("template: error")]
+    assert len(error) == 1
+    for part in ("mobilenetv3_small_050 (tag lamb_in1k)", str(tmp_path / "empty"), "--weights_file", "downloaded"):
+        assert part in error[0]
+
+
+def test_the_data_follows_the_weights_preprocessing_unless_given_with_a_note(hf_cache, clone, caplog):
+    config = timm.get_pretrained_cfg(NAME)
+    data = built(clone).datamodule
+    assert data.image_size == (224, 224) and data.resize_size == (256, 256)  # 224 / crop_pct 0.875
+    assert data.given_stats == (list(config.mean), list(config.std))
+    assert "note:" not in caplog.text
+
+    data = built(clone, "--data.image_size", "32", "--data.mean", "[0.5,0.5,0.5]", "--data.std", "[0.2,0.2,0.2]")
+    assert data.datamodule.image_size == (32, 32) and data.datamodule.resize_size == (36, 36)  # 32 / 0.875
+    assert data.datamodule.given_stats == ([0.5] * 3, [0.2] * 3)
+    assert "data.image_size=32 (trained: 224)" in caplog.text and "data.mean=[0.5, 0.5, 0.5]" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_timm_network_fits_tests_predicts_and_exports_from_yaml(hf_cache, clone, tmp_path):
+    args = [*CONFIGS, "--data.root", str(clone), "--data.image_size", "32", "--data.batch_size", "4",
+            "--data.num_workers", "0", "--trainer.max_epochs", "2"]  # fmt: skip
+    main(["fit", *args])
+    checkpoint = torch.load(next(Path("runs").glob("**/last.ckpt")), weights_only=True, map_location="cpu")
+    record = next(state["preprocessing"] for state in checkpoint.values() if isinstance(state, dict)
+                  and "preprocessing" in state)  # fmt: skip
+    config = timm.get_pretrained_cfg(NAME)
+    assert record["mean"] == pytest.approx(config.mean) and record["resize_size"] == [36, 36]
+
+    # The checkpoint and the images alone: no weights file, no config.
+    shutil.rmtree(tmp_path / "hf")
+    main(["test", "--ckpt_path", "last", "--data.root", str(clone)])
+    main(["predict", "--ckpt_path", "last", "--data.predict_path", str(clone / "test")])
+    assert list(Path("runs").glob("**/predictions.csv"))
+    main(["export", "--ckpt_path", "last", "--format", "onnx", "--output", "net.onnx"])
+    carried = {prop.key: prop.value for prop in onnx.load("net.onnx").metadata_props}
+    assert json.loads(carried["preprocessing"]) == record
+
+
+def test_layer_decay_gives_each_layer_the_learning_rate_it_promises():
+    net = timm_net("mobilenetv3_small_050", num_classes=3)
+    optimizer = functools.partial(torch.optim.AdamW, lr=0.1, weight_decay=0.05)
+    module = ClassificationModule(net, num_classes=3, layer_decay=0.5, lr_scheduler=None, optimizer=optimizer)
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    for group in groups:  # depth<k>: k layers from the head
+        assert group["lr"] == pytest.approx(0.1 * 0.5 ** int(group["name"][5:].split("_")[0]))
+        assert group["weight_decay"] == (0.0 if group["name"].endswith("no_decay") else 0.05)
+    head = {id(parameter) for parameter in net.classifier.parameters()}
+    assert all(group["lr"] == pytest.approx(0.1) for group in groups if head & {id(p) for p in group["params"]})
+    assert len({group["lr"] for group in groups}) > 2  # the stem, the blocks and the head apart
+    with pytest.raises(ValueError, match="set model.layer_decay to null"):  # no depths to decay over
+        ClassificationModule(ResNetSmall(num_classes=3), num_classes=3, layer_decay=0.5).configure_optimizers()
+
+
+def test_timm_names_options_and_a_missing_install_are_refused_with_what_to_do(monkeypatch):
+    with pytest.raises(ValueError, match="not a timm model"):
+        timm_net("hf-hub:someone/anything")  # an address timm would fetch, not a name of its registry
+    with pytest.raises(ValueError, match="only from pretrained and pretrained_file"):
+        timm_net("resnet18", options={"checkpoint_path": "/elsewhere/file.pth"})
+    monkeypatch.setitem(sys.modules, "timm", None)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[timm\]'"):
+        timm_net("resnet18")
