@@ -1,11 +1,9 @@
 """The one training augmentation of every source, and the normalisation after it.
 
-Every source delivers the same thing to the device: uint8 batches (B, C, H', W') at its
-stored size, the training size (H, W) or, for random-resized crops, a little larger
-(decoded and resized to cover it, then centre-cropped: by the cache build, by a source's
-``load_split``, or by the DataLoader workers when streaming). What happens to a batch from
-there is defined here alone and applied by ``ImageDataModule.on_after_batch_transfer``, so
-one config trains one recipe whichever path the images took:
+Every source delivers uint8 batches (B, C, H', W') at its stored size: the training size
+(H, W), or a little larger for random-resized crops. What happens to a batch from there is
+defined here alone (applied by ``ImageDataModule.on_after_batch_transfer``), so one config
+trains one recipe whichever path the images took:
 
     training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
                  or centre (H, W) -> random crop (crop_padding, reflect)
@@ -13,12 +11,9 @@ one config trains one recipe whichever path the images took:
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
-Working on a whole batch at once replaces thousands of per-image PIL calls in DataLoader
-workers with a handful of kernel launches. Randomness comes from the global torch
-generator of the batch's device, which ``seed_everything`` seeds and an exact resume
-relies on. The policies, erasing and mixing are torchvision's (transforms v2), which draw
-their parameters on the host, from torch's global CPU generator: seeded and checkpointed
-alike, and no wait for the device.
+A whole batch at once is a handful of kernel launches, not thousands of per-image PIL calls.
+Randomness comes from the global generator of the batch's device, which ``seed_everything``
+seeds; torchvision's v2 policies, erasing and mixing draw on the host, so never wait for the device.
 """
 
 import math
@@ -28,6 +23,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
 
 Policy = Literal["trivialaugment", "randaugment"]
 POLICIES = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
@@ -47,10 +43,8 @@ def augment(
 ) -> torch.Tensor:
     """Crop each image to ``size`` (H, W) (by default its own): a random-resized crop with
     ``crop_scale``, else the centre shifted by up to ``crop_padding`` pixels; mirror half of
-    them if ``hflip``, then apply the ``policy``'s random operation.
-
-    Runs on uint8 as well as float: cropping before the float copy moves a quarter of the bytes.
-    """
+    them if ``hflip``, then apply the ``policy``'s random operation. On uint8 too: cropping
+    before the float copy moves a quarter of the bytes."""
     size = tuple(size or images.shape[-2:])
     if crop_scale is not None:
         images = random_resized_crop(images, size, crop_scale, crop_ratio)
@@ -61,26 +55,18 @@ def augment(
 
 
 def center_crop(images: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """The centre (H, W) of each image, offsets rounded as torchvision's ``center_crop``."""
+    """The centre (H, W) of each image: torchvision's ``center_crop``, which would pad a smaller image."""
     height, width = images.shape[-2:]
-    if (height, width) == tuple(size):
-        return images
     if height < size[0] or width < size[1]:
         raise ValueError(f"images of {height}x{width} are smaller than the {size[0]}x{size[1]} to crop from them")
-    top, left = int(round((height - size[0]) / 2)), int(round((width - size[1]) / 2))
-    return images[..., top : top + size[0], left : left + size[1]]
+    return TF.center_crop(images, list(size))
 
 
 def crop_boxes(
     batch: int, height: int, width: int, scale: Sequence[float], ratio: Sequence[float], device: torch.device
 ) -> torch.Tensor:
     """(B, 4) int64 boxes (top, left, height, width): torchvision's ``RandomResizedCrop.get_params``
-    drawn for a whole batch at once, from the device's generator.
-
-    Each image gets TRIES draws of an area share in ``scale`` and a log-uniform aspect ratio in
-    ``ratio``; the first that fits the image is its box, at a uniform position. Where none fits,
-    the whole image, cut to the nearest ratio in range, centred.
-    """
+    drawn for a whole batch at once, from the device's generator."""
     area = torch.empty(batch, TRIES, device=device).uniform_(*scale) * (height * width)
     aspect = torch.empty(batch, TRIES, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])).exp_()
     widths = (area * aspect).sqrt_().round_()
@@ -102,23 +88,10 @@ def crop_boxes(
     return torch.stack([top, left, heights, widths], dim=1)
 
 
-def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Each image's box (top, left, height, width) resized to ``size`` (H, W), bilinear: (B, C, H, W).
-
-    As torchvision's ``resized_crop`` without antialiasing, which matters only when a box is
-    larger than ``size``, here at most 8/7 of it. On the CPU, torch's uint8 kernel image by
-    image (several times faster than one grid_sample on float); on a GPU, one grid_sample for the batch, where a kernel per image would cost more
-    in launches than in work. The two sample the same points and agree within one level of 255.
-    """
-    return (resize_each if images.device.type == "cpu" else resize_batch)(images, boxes, size)
-
-
 def resize_each(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """``resized_crops`` one image at a time: a crop view, then ``F.interpolate`` (uint8 stays uint8).
-
-    On one thread: an image is too little work to share out, and the threads would wait for each
-    other at every call (benchmarks/data_throughput.py measures it).
-    """
+    """Each image's box (top, left, height, width) resized to ``size`` (H, W), bilinear, one image at a
+    time: torchvision's ``resized_crop`` without antialiasing (a box is at most 8/7 of ``size``). On one
+    thread: an image is too little work to share out (benchmarks/data_throughput.py measures it)."""
     out = torch.empty(*images.shape[:2], *size, dtype=images.dtype, device=images.device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -132,7 +105,8 @@ def resize_each(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) 
 
 
 def resize_batch(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """``resized_crops`` in one ``grid_sample`` on float, rounded back to uint8 when given uint8."""
+    """``resize_each`` in one ``grid_sample`` on float, within one level of 255 of it: on a GPU, a kernel
+    per image would cost more in launches than in work."""
     # Output pixel x samples the box at left + (x + 0.5) * width / W - 0.5 (align_corners=False),
     # clamped to the box as a crop before the resize would be; then in grid_sample's [-1, 1].
     full = images.shape[-2:]
@@ -150,19 +124,18 @@ def resize_batch(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int])
 def random_resized_crop(
     images: torch.Tensor, size: Sequence[int], scale: Sequence[float], ratio: Sequence[float] = RATIO
 ) -> torch.Tensor:
-    """torchvision's RandomResizedCrop(size, scale, ratio) on every image of a batch, each with its own box."""
+    """torchvision's RandomResizedCrop(size, scale, ratio) on every image of a batch, each with its own box.
+    On the CPU, torch's uint8 kernel image by image is several times faster than one grid_sample on float."""
     boxes = crop_boxes(len(images), *images.shape[-2:], scale, ratio, images.device)
-    return resized_crops(images, boxes, size)
+    return (resize_each if images.device.type == "cpu" else resize_batch)(images, boxes, size)
 
 
 def per_group(transform: v2.Transform, images: torch.Tensor, groups: int = GROUPS) -> torch.Tensor:
     """``transform`` applied to ``groups`` slices of the batch, each with its own random draws.
 
-    A v2 transform draws once a call: on a whole batch, every image would get the same
-    operation and magnitude (or erased rectangle), and the batch one correlated view. Per
-    image would be a call per image; a fixed number of groups (16 cover TrivialAugment's 14
-    operations) keeps a few calls a batch at any batch size. Each image's own distribution is
-    the per-image one, since groups are drawn anew from a shuffled order every step.
+    A v2 transform draws once a call: on a whole batch, every image would get the same operation
+    and magnitude. A fixed number of groups (16 cover TrivialAugment's 14 operations) keeps a few
+    calls a batch at any batch size, and each image's distribution is the per-image one.
     """
     size = -(-len(images) // groups)  # ceil: no empty group
     return torch.cat([transform(group) for group in images.split(size)])
@@ -186,18 +159,12 @@ def mix(
     return v2.RandomChoice(mixers)(images, labels)
 
 
-def reflect_pad(images: torch.Tensor, padding: int) -> torch.Tensor:
-    """F.pad(mode="reflect") for any dtype, uint8 included, so crops can run before the float copy."""
-    images = torch.cat([images[:, :, 1 : padding + 1].flip(2), images, images[:, :, -padding - 1 : -1].flip(2)], 2)
-    return torch.cat([images[..., 1 : padding + 1].flip(3), images, images[..., -padding - 1 : -1].flip(3)], 3)
-
-
 def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
     """Pad each image by ``padding`` pixels (reflect) and crop it back at a random offset."""
     if padding == 0:
         return images
     batch, channels, height, width = images.shape
-    padded = reflect_pad(images, padding).contiguous()  # (B, C, H+2p, W+2p)
+    padded = F.pad(images, (padding,) * 4, mode="reflect")  # (B, C, H+2p, W+2p), uint8 too
     # A strided view of every window of every image, (B, 2p+1, 2p+1, C, H, W), without copying;
     # indexing it picks one window per image in a single copy.
     b_stride, c_stride, h_stride, w_stride = padded.stride()
@@ -230,33 +197,19 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome).
 
-    From each channel's histogram of its 256 values: exact, and 0.12 s for 2,000 images of
-    146x146 where summing the pixels as float64 took 1.06 (one core). Images of another dtype
-    (a source that breaks the uint8 contract, which ``template doctor`` then names) are summed.
+    From each channel's histogram: exact, and 0.12 s for 2,000 images of 146x146 where float64
+    sums took 1.06 (one core). Another dtype (a source that breaks the uint8 contract) is summed.
     """
-    if images.dtype != torch.uint8:
-        return float_channel_stats(images, chunk)
-    counts = torch.zeros(images.shape[1], 256, dtype=torch.float64)
+    values = torch.arange(256, dtype=torch.float64) / 255
+    sums = torch.zeros(2, images.shape[1], dtype=torch.float64)  # per channel: of the values, of their squares
     for start in range(0, len(images), chunk):
         block = torch.as_tensor(images[start : start + chunk])
-        for channel in range(images.shape[1]):
-            counts[channel] += torch.bincount(block[:, channel].reshape(-1), minlength=256)
-    values = torch.arange(256, dtype=torch.float64) / 255
-    share = counts / counts.sum(dim=1, keepdim=True)  # (C, 256)
-    mean = share @ values
-    std = (share * (values - mean[:, None]).square()).sum(dim=1).clamp_min(1e-12).sqrt()
-    return mean.float(), std.float().clamp_min(1e-6)
-
-
-def float_channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """``channel_stats`` of images in 0 to 255 of any dtype, from float64 sums."""
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
-    squares = torch.zeros_like(total)
-    for start in range(0, len(images), chunk):
-        block = torch.as_tensor(images[start : start + chunk]).double().div_(255)
-        total += block.sum(dim=(0, 2, 3))
-        squares += block.square().sum(dim=(0, 2, 3))
-    count = images.shape[0] * images.shape[2] * images.shape[3]
-    mean = total / count
-    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+        if block.dtype == torch.uint8:
+            counts = torch.stack([torch.bincount(channel.reshape(-1), minlength=256) for channel in block.unbind(1)])
+            sums += torch.stack([counts.double() @ values, counts.double() @ values.square()])
+        else:
+            block = block.double().div_(255)
+            sums += torch.stack([block.sum(dim=(0, 2, 3)), block.square().sum(dim=(0, 2, 3))])
+    mean, square = sums / (images.shape[0] * images.shape[2] * images.shape[3])
+    std = (square - mean.square()).clamp_min(1e-12).sqrt()
     return mean.float(), std.float().clamp_min(1e-6)

@@ -1,12 +1,10 @@
 """Decode-once image cache: every image decoded and resized once into a uint8 memmap.
 
-Later runs open the array in milliseconds and index whole batches from it. The cache is
-keyed by a fingerprint of the file list, sizes, modification times and the resize
-settings, so a changed dataset is never served stale. Every file is written to a
-temporary file and renamed into place, the JSON record last, so an interrupted build is
-never trusted; a damaged one (a truncated array, a changed payload, a broken record) is
-found on opening, named in a warning and rebuilt. A cache that would not fit the free disk
-space is not started (``CacheTooLarge``), so a data set too large to hold streams instead.
+It is keyed by a fingerprint of the file list, sizes, modification times and the resize
+settings, so a changed dataset is never served stale. Every file is renamed into place, the
+JSON record last, so an interrupted build is never trusted; a damaged one is found on opening,
+named in a warning and rebuilt. A cache that would not fit the free disk space is not started
+(``CacheTooLarge``), so a data set too large to hold streams instead.
 """
 
 import hashlib
@@ -14,12 +12,15 @@ import json
 import os
 import shutil
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image, ImageOps
+from rich.filesize import decimal
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from template.data.images import open_image
@@ -41,32 +42,34 @@ def fingerprint(files: list[Path], settings: dict) -> str:
     return digest.hexdigest()[:24]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never part of one."""
+@contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path to write, renamed to ``path`` when the block ends without an error: a reader
+    sees the old file or the new one, never part of one."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
     try:
-        with open(temporary, "w") as file:
-            file.write(text)
-            file.flush()
+        yield temporary
+        with open(temporary, "rb+") as file:
             os.fsync(file.fileno())  # on disk before the rename, which is what makes it trusted
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
 
 
-def checksum(images: np.ndarray) -> str:
-    """A digest of the pixels, recorded at build and compared on opening.
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (``replaced_atomically``)."""
+    with replaced_atomically(path) as temporary:
+        temporary.write_text(text)
 
-    crc32 finds damage (a zeroed or rewritten payload), not tampering, and is the fastest
-    check at hand (faster than sha1 and md5). From a cold disk the read dominates, and it
-    loads pages that training reads anyway.
-    """
+
+def checksum(images: np.ndarray) -> str:
+    """A digest of the pixels, recorded at build and compared on opening. crc32 finds damage, not
+    tampering, and is faster than sha1 and md5; from a cold disk the read dominates anyway."""
     return f"crc32:{zlib.crc32(memoryview(images.reshape(-1))):08x}"
 
 
 def decode(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
-    """One image as uint8 (C, H, W): opened by ``open_image`` (upright, 8-bit, in ``mode``, a JPEG
-    decoded smaller when it stays larger than ``size``), resized to cover ``size`` and
+    """One image as uint8 (C, H, W): opened by ``open_image``, resized to cover ``size`` (H, W) and
     centre-cropped, so the aspect ratio is kept."""
     image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.uint8)
@@ -84,28 +87,18 @@ def _decode_one(task: tuple[int, str, tuple[int, int], str]) -> tuple[int, np.nd
 def decode_all(files: list[Path], size: tuple[int, int], mode: str, workers: int, description: str):
     """Yield (index, array or None, error or None) for every file, decoded in parallel, with progress."""
     tasks = [(index, str(path), size, mode) for index, path in enumerate(files)]
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:>8.0f} images/s"),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, transient=False) as progress:
+    rate = TextColumn("{task.fields[rate]:>8.0f} images/s")
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), rate, TimeRemainingColumn()]
+    parallel = workers > 1 and len(tasks) > 64
+    with Progress(*columns) as progress, get_context("fork").Pool(workers) if parallel else nullcontext() as pool:
         task = progress.add_task(description, total=len(tasks), rate=0.0)
-        if workers > 1 and len(tasks) > 64:
-            # Chunks of at most 256: few messages for small images, and still 8 a worker for a few
-            # thousand large photos, so no worker idles at the end while another decodes its last chunk.
-            chunk = max(1, min(256, len(tasks) // (8 * workers)))
-            with get_context("fork").Pool(workers) as pool:
-                for done, result in enumerate(pool.imap_unordered(_decode_one, tasks, chunksize=chunk), 1):
-                    yield result
-                    if done % 64 == 0 or done == len(tasks):
-                        elapsed = progress.tasks[task].elapsed or 1e-9
-                        progress.update(task, completed=done, rate=done / elapsed)
-        else:
-            for done, item in enumerate(tasks, 1):
-                yield _decode_one(item)
+        # Chunks of at most 256: few messages for small images, and still 8 a worker for a few
+        # thousand large photos, so no worker idles at the end while another decodes its last chunk.
+        chunk = max(1, min(256, len(tasks) // (8 * workers))) if parallel else 1
+        results = pool.imap_unordered(_decode_one, tasks, chunksize=chunk) if parallel else map(_decode_one, tasks)
+        for done, result in enumerate(results, 1):
+            yield result
+            if done % 64 == 0 or done == len(tasks) or not parallel:
                 progress.update(task, completed=done, rate=done / (progress.tasks[task].elapsed or 1e-9))
 
 
@@ -149,48 +142,29 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
     return images, invalid
 
 
-def check_room(cache_dir: Path, needed: int, name: str) -> None:
-    """Raise CacheTooLarge, naming both sizes, when ``needed`` bytes exceed DISK_SHARE of the free space."""
-    free = shutil.disk_usage(cache_dir).free
-    if needed > DISK_SHARE * free:
-        raise CacheTooLarge(
-            f"the image cache of {name} would take {in_units(needed)}, but {cache_dir} has {in_units(free)} free "
-            f"(a cache may take {DISK_SHARE:.0%} of it)"
-        )
-
-
-def in_units(size: float) -> str:
-    """A byte count for people: 812 B, 64.0 kB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"
-
-
 def load_or_build(
     files: list[Path], size: tuple[int, int], mode: str, cache_dir: Path, workers: int, name: str
 ) -> tuple[np.ndarray, dict[int, str]]:
-    """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}).
-
-    Opens the cache when its fingerprint matches and it is whole; otherwise decodes every
-    file once and writes it atomically, or raises CacheTooLarge first when it would not fit.
-    """
+    """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache
+    when its fingerprint matches and it is whole, else decoded once and written (CacheTooLarge first
+    when it would not fit)."""
     key = fingerprint(files, {"size": list(size), "mode": mode})
     cache_dir.mkdir(parents=True, exist_ok=True)
     array_path, record_path = cache_dir / f"{name}-{key}.npy", cache_dir / f"{name}-{key}.json"
-    channels = 1 if mode == "L" else 3
-    shape = (len(files), channels, *size)
+    shape = (len(files), 1 if mode == "L" else 3, *size)
     if array_path.exists() or record_path.exists():
         try:
             return open_cache(array_path, record_path, shape)
         except ValueError as damage:
             rank_zero_warn(f"the image cache of {name} is incomplete or damaged, so it is rebuilt: {damage}")
-    check_room(cache_dir, int(np.prod(shape)), name)
-
-    temporary = cache_dir / f".{array_path.name}.{os.getpid()}.tmp"
+    needed, free = int(np.prod(shape)), shutil.disk_usage(cache_dir).free
+    if needed > DISK_SHARE * free:
+        raise CacheTooLarge(
+            f"the image cache of {name} would take {decimal(needed)}, but {cache_dir} has {decimal(free)} free "
+            f"(a cache may take {DISK_SHARE:.0%} of it)"
+        )
     invalid: dict[int, str] = {}
-    try:
+    with replaced_atomically(array_path) as temporary:
         images = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=shape)
         for index, array, error in decode_all(files, size, mode, workers, f"caching {name} ({len(files)} images)"):
             if error is None:
@@ -200,11 +174,6 @@ def load_or_build(
         digest = checksum(images)
         images.flush()
         del images
-        with open(temporary, "rb+") as file:
-            os.fsync(file.fileno())
-        os.replace(temporary, array_path)
-    finally:
-        temporary.unlink(missing_ok=True)
     # The record goes last: only an array with a record is ever trusted.
     record = {"shape": list(shape), "checksum": digest, "files": [str(path) for path in files], "invalid": invalid}
     write_atomic(record_path, json.dumps(record))
@@ -214,11 +183,8 @@ def load_or_build(
 
 
 def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, name: str) -> dict[int, str]:
-    """The unreadable files among ``files`` ({index: reason}) for the streaming path.
-
-    Every file is decoded once (small) and the answer recorded, keyed like the cache, so
-    later runs with the same files start at once.
-    """
+    """The unreadable files among ``files`` ({index: reason}) for the streaming path: each decoded once
+    (small), the answer recorded and keyed like the cache, so later runs with the same files start at once."""
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
     if record.exists():
         try:

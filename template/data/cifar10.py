@@ -42,18 +42,15 @@ def read_batches(folder: Path, names: list[str]) -> Split:
 
 
 class CIFAR10DataModule(ImageDataModule):
-    """CIFAR-10: 50,000 training and 10,000 test images of 32x32, ten classes.
-
-    The official test set is the test split; validation is a stratified share of the
-    training set, so the test set never guides training.
+    """CIFAR-10: 50,000 training and 10,000 test images of 32x32, ten classes. Validation is a
+    stratified share of the training set, so the official test set never guides training.
 
     Args:
         root: directory holding ``cifar-10-batches-py/``.
         download: fetch the archive into ``root`` through torchvision when it is missing.
         val_fraction: share of the training set held out for validation.
         split_seed: seed of the train/val split alone.
-        batch_size, crop_padding, hflip: the standard CIFAR recipe's (512; random crops padded by 4 pixels,
-            mirrored at random).
+        batch_size, crop_padding, hflip: the standard CIFAR recipe's (512; crops padded by 4 pixels, mirrored).
         **kwargs: every other option of ImageDataModule (the augmentation, folds...).
     """
 

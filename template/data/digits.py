@@ -1,7 +1,4 @@
-"""The embedded default: scikit-learn's handwritten digits, 1,797 8x8 grey images.
-
-The data ships inside scikit-learn, so the default run needs no network and no files.
-"""
+"""The embedded default: scikit-learn's 1,797 8x8 grey handwritten digits, so it needs no network or files."""
 
 import numpy as np
 import torch
@@ -16,8 +13,7 @@ class DigitsDataModule(ImageDataModule):
     Args:
         val_fraction: share of all images held out for validation (checkpoint choice).
         test_fraction: share of all images held out for the final test.
-        split_seed: seed of the split alone, so that changing the training seed never
-            moves images between train, val and test.
+        split_seed: seed of the split alone: the training seed never moves images between splits.
         crop_padding: random translation by up to this many pixels (the base's flip stays off: a
             mirrored digit is a different digit, or none).
         **kwargs: every option of ImageDataModule (batch_size, the augmentation, folds...).
@@ -43,11 +39,10 @@ class DigitsDataModule(ImageDataModule):
         self.split_indices: dict[str, np.ndarray] = {}
 
     def load_split(self, split: str) -> Split:
-        if not self.split_indices:  # read and split once; every split is a view of the same arrays
-            digits = load_digits()
-            # Pixel values are 0..16; scale to the 0..255 uint8 range every source uses.
+        if not self.split_indices:  # read and split once
+            digits = load_digits()  # pixel values 0..16, scaled to the uint8 every source gives: (N, 1, 8, 8)
             self._images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None])
-            self._labels = torch.from_numpy(digits.target).long()  # images above: (N, 1, 8, 8)
+            self._labels = torch.from_numpy(digits.target).long()
             train, val, test = stratified_split(digits.target, [self.val_fraction, self.test_fraction], self.split_seed)
             self.split_indices = {"train": train, "val": val, "test": test}
             # predict serves the test split; name each row by its index in load_digits().

@@ -23,30 +23,38 @@ DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weigh
 RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
 
 
-def list_files(folder: Path) -> list[Path]:
-    """Sorted files under ``folder``, hidden ones left out; symlinks that lead to no file are named in a warning."""
-    paths = [p for p in folder.rglob("*") if not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+def visible(folder: Path, recursive: bool = True) -> list[Path]:
+    """Sorted paths in ``folder`` (or below it), hidden ones left out. Symlinks that lead nowhere, and below
+    it links to folders (not followed), are named in a warning: a moved target would vanish without a word."""
+    found = folder.rglob("*") if recursive else folder.iterdir()
+    paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
-    skipped += [f"{p} (a link to a folder: not followed)" for p in paths if p.is_symlink() and p.is_dir()]
+    if recursive:
+        skipped += [f"{p} (a link to a folder: not followed)" for p in paths if p.is_symlink() and p.is_dir()]
     if skipped:
         rank_zero_warn(describe(skipped, f"symlink(s) left out of {folder}; fix or remove them to silence this"))
-    return sorted(p for p in paths if p.is_file())
+    return paths
+
+
+def list_files(folder: Path) -> list[Path]:
+    return [path for path in visible(folder) if path.is_file()]
 
 
 def list_class_folders(folder: Path) -> dict[str, list[Path]]:
-    """{class name: sorted files} of ``folder/<class>/*``; hidden files and folders are ignored."""
-    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
-    broken = [f"{p} (dangling, or a loop)" for p in entries if p.is_symlink() and not p.exists()]
-    if broken:  # a linked class folder that moved away: its class would be missing without a word
-        rank_zero_warn(describe(broken, f"symlink(s) left out of {folder}; fix or remove them to silence this"))
-    class_dirs = sorted(p for p in entries if p.is_dir())
-    return {class_dir.name: list_files(class_dir) for class_dir in class_dirs}
+    """{class name: sorted files} of ``folder/<class>/*``."""
+    return {path.name: list_files(path) for path in visible(folder, recursive=False) if path.is_dir()}
 
 
 def describe(paths: list[str], what: str) -> str:
+    """``what``, counted, and the first MAX_LISTED of ``paths``, one a line."""
     listed = "\n  ".join(paths[:MAX_LISTED])
     more = f"\n  ... and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
     return f"{len(paths)} {what}:\n  {listed}{more}"
+
+
+def named(files: list[Path], invalid: dict[int, str]) -> list[str]:
+    """The unreadable ``files`` ({index: reason}), each with its reason, for ``describe``."""
+    return [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
 
 
 def resize_pair(
@@ -70,52 +78,37 @@ def resize_pair(
 class ImageFolderDataModule(ImageDataModule):
     """Images in class folders, decoded once into a cache or streamed from the files.
 
-    Class names are the folder names of ``root/train``, sorted; they travel in the
-    checkpoint so ``predict`` can name its answers. Without ``root/val``, a stratified,
-    seeded share of ``root/train`` is held out for validation; without ``root/test``, another
-    for the test split (many photo sets come as train/ and val/ alone). The test split is
-    read only by ``test``. ``predict`` of a trained model reads neither: the class names and
-    the normalisation come from its checkpoint, so its training folder may be gone.
-
-    Each file is decoded once, resized to cover ``resize_size`` and centre-cropped: at the
-    training size for crop_padding's shifts, a little larger for random-resized crops, which
-    choose their box in it on the device; evaluation takes its centre at the training size.
-    Photos of any size train at the speed of their stored size, whatever their files' size.
+    Class names are the sorted folder names of ``root/train``; they travel in the checkpoint, as
+    does the normalisation, so ``predict`` of a trained model needs no training folder. Each file
+    is stored resized to cover ``resize_size`` and centre-cropped: photos of any size train at the
+    speed of their stored size.
 
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
         image_size: the size the model gets (side, or (H, W)); ``None``: the pretrained weights'
             input size when the CLI has torchvision weights, else 32.
-        resize_size: the size images are stored at, resized to cover it and centre-cropped (the
-            shorter side, the other in image_size's proportions, or (H, W)); at least image_size.
+        resize_size: the size images are stored at (the shorter side, or (H, W)), at least image_size.
             ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224), so
             random crops keep some freedom and evaluation takes the centre 7/8.
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
-        test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``.
-            0.1 by default, so that ``test`` always has images the checkpoint choice never
-            saw (the best ``val/acc`` is an optimistic score); 0 trains on them instead,
-            and ``test`` then needs a ``test/`` folder.
+        test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``, so that
+            ``test`` has images the checkpoint choice never saw; 0: ``test`` needs a ``test/`` folder.
         split_seed: seed of these splits alone.
-        num_workers: processes that decode images: the cache build, or streaming. Cached
-            batches are indexed in the main process, where workers would only add copies.
-        cache: decode every image once into a uint8 memmap (fast); ``False``: DataLoader
-            workers decode each file again every epoch; ``None`` (the default) caches unless
-            the cache would take more than 90% of the free disk space, and then streams and
-            says so. Either way the same uint8 images reach the device and are augmented there
-            alike.
+        num_workers: processes that decode images (the cache build, or streaming).
+        cache: decode every image once into a uint8 memmap; ``False``: DataLoader workers decode
+            each file every epoch; ``None`` caches unless the cache would take more than 90% of
+            the free disk space, and then streams and says so.
         cache_dir: where cache files live; each is keyed by the files and settings.
         mean: per-channel mean in [0, 1]; computed from the training split when not given.
         std: per-channel standard deviation, likewise.
-        skip_invalid: leave out unreadable files (counted and named in a warning) instead
-            of stopping with an error that names them; a class left with none is an error.
+        skip_invalid: leave out unreadable files (named in a warning) instead of stopping with an
+            error that names them; a class left with none is an error.
         predict_path: a folder (searched recursively) or a list of image files for ``predict``.
         classes: the class names, in label order; by default the sorted folder names of
-            ``root/train``, which must then be the same set. Evaluating a checkpoint, the CLI
-            sets them to the trained ones, so a folder is labelled as the model was trained.
+            ``root/train``, which must then be the same set (the CLI sets a checkpoint's).
         batch_size, crop_padding, hflip: for photos (32; random crops padded by 4 pixels, mirrored).
-        **kwargs: every other option of ImageDataModule (global_batch_size, crop_scale, the
-            augmentation, folds...).
+        **kwargs: every other option of ImageDataModule (crop_scale, the augmentation, folds...).
     """
 
     resize = "cover_center_crop"  # template.data.cache.decode
@@ -160,8 +153,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.given_stats = (mean, std) if mean is not None and std is not None else None
         self.predict_path = predict_path
         self.folders = self._scan(classes)
-        self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray]] = {}
-        self._arrays: dict[str, np.ndarray] = {}
+        self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray, np.ndarray | None]] = {}
         self.split_files: dict[str, list[Path]] = {}
         self.class_names = list(classes) if classes else sorted(self.folders["train"])
         self.num_classes = len(self.class_names)
@@ -230,25 +222,20 @@ class ImageFolderDataModule(ImageDataModule):
     def _with_unreadable(self, problems: list[str], folders: dict, checked: str | None = None) -> str:
         """``problems`` and the unreadable files of every split folder (but ``checked``, already said), as one
         message: the layout and the files are fixed in one round, not one problem a run."""
-        for split, found in folders.items():
-            files = [path for name in sorted(found) for path in found[name]]
-            invalid = (
-                load_or_check(files, self.mode, self.cache_dir, self.num_workers, split) if split != checked else {}
-            )
-            if invalid and not self.skip_invalid:
-                named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
-                problems.append(describe(named, f"unreadable file(s) in {self.root / split}"))
+        for split in [split for split in folders if split != checked and not self.skip_invalid]:
+            files = [path for paths in folders[split].values() for path in paths]
+            invalid = load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
+            if invalid:
+                problems.append(describe(named(files, invalid), f"unreadable file(s) in {self.root / split}"))
         return (
             problems[0] if len(problems) == 1 else f"{len(problems)} problems in {self.root}:\n" + "\n".join(problems)
         )
 
-    def _invalid(self, split: str, files: list[Path]) -> dict[int, str]:
-        """Unreadable files of one source folder: from the cache build, or from one checking pass."""
+    def _decode(self, split: str, files: list[Path]) -> tuple[np.ndarray | None, dict[int, str]]:
+        """The cached images of one source folder (None: streamed) and its unreadable files."""
         if self.cache is not False:
             try:
-                images, invalid = load_or_build(
-                    files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split
-                )
+                return load_or_build(files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split)
             except CacheTooLarge as too_large:
                 if self.cache:
                     raise CacheTooLarge(
@@ -256,43 +243,35 @@ class ImageFolderDataModule(ImageDataModule):
                         "or set data.cache to null (stream what does not fit) or false"
                     ) from None
                 rank_zero_warn(f"{too_large}, so {split} streams from the files instead (decoded every epoch)")
-            else:
-                self._arrays[split] = images
-                return invalid
-        return load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
+        return None, load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
 
-    def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
-        """Files, labels and the indices of the readable ones, for a source folder."""
-        if split not in self._sources:
-            files, labels = self._files(split)
-            invalid = self._invalid(split, files)
-            if invalid:
-                named = [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
-                if not self.skip_invalid:
-                    where = self.root / split if split != "predict" else "data.predict_path"
-                    problems = [describe(named, f"unreadable file(s) in {where}")]
-                    raise ValueError(
-                        self._with_unreadable(problems, self.folders if split != "predict" else {}, checked=split)
-                        + "\nRemove or replace them, or set data.skip_invalid: true to leave them out."
-                    )
-                rank_zero_warn(describe(named, f"unreadable file(s) left out of {split} (skip_invalid)"))
-            keep = np.array([index for index in range(len(files)) if index not in invalid], dtype=np.int64)
-            self._check_every_class_kept(split, labels[keep])
-            self._sources[split] = (files, labels, keep)
-        return self._sources[split]
-
-    def _check_every_class_kept(self, split: str, labels: np.ndarray) -> None:
-        """With skip_invalid, a class whose files are all unreadable would vanish from the split without a word."""
-        if split == "predict":
-            return
-        counts = np.bincount(labels, minlength=self.num_classes)
-        lost = [f"{name} ({self.root / split / name})" for name in self.folders[split]
-                if counts[self.class_names.index(name)] == 0]  # fmt: skip
-        if lost:
+    def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray, np.ndarray | None]:
+        """Files, labels, the indices of the readable ones and the cached images (or None), of a source folder."""
+        if split in self._sources:
+            return self._sources[split]
+        files, labels = self._files(split)
+        images, invalid = self._decode(split, files)
+        keep = np.array([index for index in range(len(files)) if index not in invalid], dtype=np.int64)
+        if invalid and not self.skip_invalid:
+            where = self.root / split if split != "predict" else "data.predict_path"
+            problems = [describe(named(files, invalid), f"unreadable file(s) in {where}")]
             raise ValueError(
-                describe(lost, f"class(es) in {split}/ with no readable image left (skip_invalid)")
-                + "\nReplace their files with readable images, or remove the folder to drop the class."
+                self._with_unreadable(problems, self.folders if split != "predict" else {}, checked=split)
+                + "\nRemove or replace them, or set data.skip_invalid: true to leave them out."
             )
+        if invalid:
+            rank_zero_warn(describe(named(files, invalid), f"unreadable file(s) left out of {split} (skip_invalid)"))
+            # A class whose files are all unreadable would vanish from the split without a word.
+            kept = set(labels[keep].tolist())
+            lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
+            if lost:
+                where = [f"{name} ({self.root / split / name})" for name in lost]
+                raise ValueError(
+                    describe(where, f"class(es) in {split}/ with no readable image left (skip_invalid)")
+                    + "\nReplace their files with readable images, or remove the folder to drop the class."
+                )
+        self._sources[split] = (files, labels, keep, images)
+        return self._sources[split]
 
     def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
         if split == "predict":
@@ -318,31 +297,28 @@ class ImageFolderDataModule(ImageDataModule):
         paths = [self.predict_path] if isinstance(self.predict_path, str) else self.predict_path
         files = []
         for path in map(Path, paths):
-            if path.is_dir():
-                found = list_files(path)
-                if not found:
-                    raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
-                files += found
-            elif path.is_file():
-                files.append(path)
-            else:
+            if not path.is_dir() and not path.is_file():
                 raise FileNotFoundError(
                     f"data.predict_path: {path} does not exist; set it to a folder of images or a list of image files"
                 )
+            found = list_files(path) if path.is_dir() else [path]
+            if not found:
+                raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
+            files += found
         return files
 
     def load_split(self, split: str) -> Split:
         """uint8 images (cached path) or None (streaming), and labels; records the files used."""
         held_out = self._held_out()
         source = "train" if split in held_out else split
-        files, labels, keep = self._source(source)
+        files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
             parts = stratified_split(labels[keep], list(held_out.values()), self.split_seed)
             keep = keep[parts[0 if split == "train" else 1 + list(held_out).index(split)]]
         self.split_files[split] = [files[index] for index in keep]
         if split == "predict":
             self.predict_ids = [str(path) for path in self.split_files[split]]
-        images = torch.from_numpy(np.asarray(self._arrays[source][keep])) if source in self._arrays else None
+        images = torch.from_numpy(np.asarray(cached[keep])) if cached is not None else None
         return images, torch.from_numpy(labels[keep])
 
     def make_dataset(self, split: str) -> Dataset:

@@ -12,19 +12,14 @@ SIXTEEN_BIT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
     """The image of ``path`` decoded in full, upright, in ``mode`` ("RGB" or "L").
 
-    Two things ``Image.open(path).convert(mode)`` gets wrong: phone photos are stored
-    sideways with an EXIF Orientation tag that says how to turn them, and ``convert``
-    clips 16-bit values to 255, so a 16-bit image turns almost all white.
-
-    With ``draft``, a JPEG is decoded at a half, a quarter or an eighth of its size when both
-    sides stay at least ``draft`` (libjpeg's DCT scaling, ``Image.draft``; other formats are
-    decoded in full), which makes resizing a photo down to a training size faster; the pixels
-    differ from a full decode's by about a level of 255, the two being different downscaling filters. A square of the longer side, in either
-    orientation, so that a deployment repeats it in one line (README).
+    ``Image.open(path).convert(mode)`` would leave phone photos sideways (their EXIF Orientation
+    says how to turn them) and clip 16-bit values to 255, turning such images almost all white.
+    With ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least
+    ``draft`` (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
     """
     with Image.open(path) as image:
         if draft is not None:
-            image.draft(image.mode, (draft, draft))  # same mode: only the scale changes
+            image.draft(image.mode, (draft, draft))  # a square: either orientation; a deployment repeats it (README)
         image.load()  # decodes it all: a truncated file fails here, not later in training
         ImageOps.exif_transpose(image, in_place=True)
         if image.mode in SIXTEEN_BIT_MODES:  # keep the top 8 of the 16 bits

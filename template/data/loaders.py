@@ -1,9 +1,7 @@
 """What the DataLoaders read: datasets that hand out whole uint8 batches, and the training order.
 
-Both datasets give the same thing for the same image, uint8 (B, C, H', W') at the stored
-size (``resize_size``): ``TensorImageDataset`` indexes it from memory (or a memmap cache),
-``FileDataset`` decodes it from the files in DataLoader workers. Cropping to the training
-size and augmenting come later, on the device.
+Both datasets give the same uint8 (B, C, H', W') at the stored size (``resize_size``) for the same
+image: ``TensorImageDataset`` from memory (or a memmap cache), ``FileDataset`` from the files.
 """
 
 from collections.abc import Iterator
@@ -44,12 +42,8 @@ class TensorImageDataset(Dataset):
 
 
 class FileDataset(Dataset):
-    """Image files decoded per item in DataLoader workers: the streaming path.
-
-    Each image is what the cache would hold for its file (``cache.decode``: upright, 8-bit,
-    resized to cover ``size`` and centre-cropped), so streaming changes where images are
-    decoded, never what the model trains on.
-    """
+    """Image files decoded per item in DataLoader workers: the streaming path. Each image is what the
+    cache would hold (``cache.decode``): streaming changes where images are decoded, never what."""
 
     def __init__(self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str) -> None:
         if len(files) != len(labels):
@@ -89,14 +83,9 @@ def keep_batch(batch: Split) -> Split:
 
 
 class ResumableSampler(DistributedSampler):
-    """The training order: a permutation drawn from (seed, epoch), sharded across DDP ranks.
-
-    Deriving the order from the seed and the epoch (as DistributedSampler does) makes every
-    epoch's order reproducible without saving generator state, on one process or many. On
-    a mid-epoch resume the first ``skip`` samples of this rank's share, already trained on,
-    are left out until the next epoch; the epoch's length stays the same, so the Trainer
-    counts on from there.
-    """
+    """The training order: DistributedSampler's permutation of (seed, epoch), reproducible without saving
+    generator state. On a mid-epoch resume the first ``skip`` samples of this rank's share, already
+    trained on, are left out until the next epoch; the epoch's length stays, so the Trainer counts on."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
