@@ -18,10 +18,7 @@ from template.cli import (  # one name a line: a renamed project's longer packag
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``template`` command and of ``python -m template``.
-
-    A mistake (a missing folder, an unreadable image, a refused checkpoint...) ends in one message
-    and exit status 1; ``TRACEBACK=1`` shows where it was raised."""
+    """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
     try:
         if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
@@ -37,10 +34,8 @@ def main(args: list[str] | None = None) -> None:
             print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
             print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
-    # Lightning leaves the process group up. A gloo group still alive at interpreter exit can
-    # abort the process ("terminate called without an active exception"), and torchrun then
-    # reports a finished run as failed. Only after success: a rank that failed may have left
-    # the others mid-collective, where tearing down would hang.
+    # Lightning leaves the process group up; a gloo group alive at exit can abort the process, and torchrun
+    # reports the run failed. Only after success: a failed rank may have left the others mid-collective.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

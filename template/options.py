@@ -18,14 +18,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 # Commands besides fit / validate / test / predict, each a module with main(args).
 EXTRA_COMMANDS = {
-    "doctor": f"{__package__}.tools.doctor",
-    "lr-find": f"{__package__}.tools.lr_find",
-    "export": f"{__package__}.tools.export",
-    "sweep": f"{__package__}.tools.sweep",
-    "cv": f"{__package__}.tools.cv",
+    name: f"{__package__}.tools.{name.replace('-', '_')}" for name in ("doctor", "lr-find", "export", "sweep", "cv")
 }
-
-
 # The recipe's defaults, written once: loaded before any --config file or option.
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -52,17 +46,15 @@ def condense(message: str) -> str:
 def nearest_option(message: str, known: list[str]) -> str:
     """``message`` with, for each option it says is unrecognised, the closest valid one."""
     for given in re.findall(r"(--[\w.]+)", message.partition("nrecognized arguments")[2]):
-        close = difflib.get_close_matches(given, known, n=1, cutoff=0.75)
-        if close:
+        if close := difflib.get_close_matches(given, known, n=1, cutoff=0.75):
             message += f"\n{given}: no such option; did you mean {close[0]}?"
     return message
 
 
 def names_checkpoint(args: list[str]) -> bool:
     """Whether a command names a checkpoint: ``--ckpt_path``, or ``ckpt_path`` in one of its --config files."""
-    if any(token.split("=")[0] == "--ckpt_path" for token in args):
-        return True
-    return any("ckpt_path" in config for config in given_configs(args))
+    given = any(token.split("=")[0] == "--ckpt_path" for token in args)
+    return given or any("ckpt_path" in config for config in given_configs(args))
 
 
 def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
@@ -96,11 +88,8 @@ def without_data_options(argv: list[str]) -> list[str]:
 def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
     """The arguments of ``model.<name>`` (``lr`` of the optimizer, say) that the user's options and --config
     files set, the recipe's defaults (``recipe``) not counted."""
-    given = set()
     pattern = re.compile(rf"^--model(\.init_args)?\.{name}(\.init_args)?\.(\w+)")
-    for token in args:
-        if match := pattern.match(token):
-            given.add(match.group(3))
+    given = {match.group(3) for token in args if (match := pattern.match(token))}
     pairs = [(token.split("=", 1)[0], token.split("=", 1)[1]) for token in args if "=" in token]
     for flag, value in [*zip(args, args[1:]), *pairs]:
         if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag) and value.lstrip().startswith("{"):
@@ -129,16 +118,10 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
                 chosen.init_args[key] = own.parameters[key].default
 
 
-class HideTips(logging.Filter):
-    """Lightning's "💡 Tip" lines advertise its other products: not what a run reports."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("💡 Tip")
-
-
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(HideTips())
-
-
+# Lightning's "💡 Tip" lines advertise its other products: not what a run reports.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: not record.getMessage().startswith("💡 Tip")
+)
 # Set to 1 for the full traceback of an error, and jsonargparse's full text of a parse error.
 TRACEBACK_VARIABLE = "TRACEBACK"
 
@@ -148,9 +131,8 @@ def wants_traceback() -> bool:
 
 
 class ConciseArgumentParser(LightningArgumentParser):
-    """Lightning's parser, whose errors say what is wrong in a line or two: the option, and the
-    innermost reason jsonargparse found, instead of its tree of every Union member tried (set
-    TRACEBACK=1 for the whole of it) and a usage listing of every option (``--help`` has those)."""
+    """Lightning's parser, whose errors say the option and the innermost reason jsonargparse found, not its tree
+    of every Union member tried (TRACEBACK=1 shows it) and a usage listing of every option (``--help`` has it)."""
 
     def add_function_arguments(self, function, *args, linked_targets=None, **kwargs):
         # jsonargparse 4.53 passes linked_targets here too, when an option overrides an argument of a network
@@ -170,8 +152,8 @@ class ConciseArgumentParser(LightningArgumentParser):
 
 
 def with_default_config(argv: list[str], run: bool) -> list[str]:
-    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (at the start without
-    one, for cli(run=False)), so that every --config file and option given overrides it."""
+    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (or at the start, for
+    cli(run=False)), so that every --config file and option given overrides it."""
     if not DEFAULT_CONFIG.is_file():
         raise FileNotFoundError(
             f"{DEFAULT_CONFIG} is missing: the CLI reads the recipe's defaults from configs/ beside the "
@@ -210,14 +192,10 @@ def settle_trainer(trainer: Namespace) -> None:
     SyncBatchNorm only where CUDA is (PyTorch's runs on nothing else), and cuDNN autotuning on for speed
     unless ``deterministic`` asks for bit-identical reruns."""
     if trainer.callbacks and trainer.enable_progress_bar is False:
-        # The default callbacks include a progress bar; turning bars off should just work.
         trainer.callbacks = [c for c in trainer.callbacks if "ProgressBar" not in c.class_path]
     if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):
-        # PyTorch's SyncBatchNorm runs on CUDA only; a CPU (gloo) run keeps per-process statistics.
         rank_zero_warn("sync_batchnorm needs CUDA devices; this run keeps BatchNorm statistics per process")
         trainer.sync_batchnorm = False
-    # Speed by default (cuDNN picks the fastest kernels); `deterministic: true` trades it
-    # for bit-identical reruns: deterministic algorithms and no benchmark autotuning.
     if trainer.deterministic:
         trainer.benchmark = False
     elif trainer.benchmark is None:
@@ -225,8 +203,7 @@ def settle_trainer(trainer: Namespace) -> None:
 
 
 def print_config(parser, config: Namespace, subcommand: str | None) -> None:
-    """``--print_config``: the configuration a command runs with (after a checkpoint's record and the changes
-    made to what was given), printed, then exit."""
+    """``--print_config``: the configuration a command runs with (a checkpoint's record and our changes made)."""
     dumped = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
     print(yaml.safe_dump(dumped.get(subcommand, dumped), sort_keys=False), end="")
     raise SystemExit(0)

@@ -1,13 +1,12 @@
 """Where a configuration's runs go: its loggers, its runs directory, the tracker runs a resume continues."""
 
-import pkgutil
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
 
 from template.options import recipe_run_name, trained_run_name
-from template.tracking import class_key, resolve_trackers, tracker_runs
+from template.tracking import continue_tracker_runs, resolve_trackers
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -21,18 +20,6 @@ def loggers_of(config: Namespace | dict) -> list:
     """The configured loggers, as a list: the first writes the run directory, any others are trackers."""
     logger = config.get("trainer", {}).get("logger")
     return list(logger) if isinstance(logger, list | tuple) else [logger]
-
-
-def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
-    """A resumed fit's trackers (MLflow, W&B) log on into the runs its run directory recorded (``trackers.json``,
-    ids only, checked): a tracker given no run id of its own gets its class's recorded one."""
-    recorded = tracker_runs(run_dir)
-    for tracker in trackers:
-        cls = pkgutil.resolve_name(tracker.class_path) if isinstance(tracker, Namespace) else None
-        init_args = tracker.get("init_args") if isinstance(cls, type) else None
-        for argument, run_id in recorded.get(class_key(cls), {}).items() if init_args is not None else ():
-            if argument in init_args and not init_args.get(argument):
-                init_args[argument] = run_id
 
 
 def runs_dir(config: Namespace | dict) -> str:

@@ -1,10 +1,9 @@
 """Trackers beside TensorBoard (MLflow, W&B): where they write, the run each continues, what they are told.
 
-TensorBoard stays the first logger: it writes the run directory (config.yaml, env.json, checkpoints). Each
-logger after it is a tracker, added by ``--config configs/logger/mlflow.yaml`` or ``wandb.yaml``. A tracker
-run belongs to a run directory: the run directory records its id (``trackers.json``), a resumed fit logs on
-into it, and a rerun from config.yaml or an evaluation of a checkpoint starts a new one, as it starts a new
-run directory.
+TensorBoard stays the first logger: it writes the run directory. Each logger after it is a tracker
+(``--config configs/logger/mlflow.yaml`` or ``wandb.yaml``) whose run belongs to a run directory: the run
+directory records its id (``trackers.json``) and a resumed fit logs on into it; a rerun or an evaluation
+starts a new one, as it starts a new run directory.
 """
 
 import inspect
@@ -31,10 +30,9 @@ TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B'
 
 
 class MLFlowLogger(loggers.MLFlowLogger):
-    """Lightning's MLFlowLogger, which a resumed run may give changed hyper-parameters (another
-    ``--data.num_workers`` on another machine, say). MLflow refuses a new value for a run's parameter,
-    and Lightning logs the module's and data's hyper-parameters at every start: those already logged
-    keep their first value, with a warning naming them (the run directory's config.yaml has the new)."""
+    """Lightning's MLFlowLogger, for a resumed run with changed hyper-parameters (another num_workers, say):
+    MLflow refuses a new value for a run's parameter, so those already logged keep their first, named in a
+    warning (the run directory's config.yaml has the new)."""
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
@@ -48,36 +46,37 @@ class MLFlowLogger(loggers.MLFlowLogger):
         super().log_hyperparams({key: value for key, value in params.items() if key not in logged})
 
 
+def configured_class(tracker: Any) -> tuple[type, Namespace] | tuple[None, None]:
+    """A tracker's configured class and its init_args, or None and None where it has neither."""
+    cls = pkgutil.resolve_name(tracker.class_path) if isinstance(tracker, Namespace) else None
+    init_args = tracker.get("init_args") if isinstance(cls, type) else None
+    return (cls, init_args) if init_args is not None else (None, None)
+
+
 def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
     """The trackers, each told where it writes, so that config.yaml records it and a resume finds its run.
 
-    An MLFlowLogger without a ``tracking_uri`` logs to ``MLFLOW_TRACKING_URI`` when it is set (a server),
-    as MLflow's own tools do, else to an SQLite store beside the run directories (``runs/mlflow.db``;
-    MLflow 3 refuses its plain-file store by default). A WandbLogger without a ``save_dir`` writes there too
-    (``runs/wandb/``). Without an experiment (project) name, each takes the run directories' ``name``.
-    The same tracker twice (a resume given its --config again) is one: the first, which has the run's id.
+    MLflow without a ``tracking_uri`` logs to ``MLFLOW_TRACKING_URI`` when set (as MLflow's own tools do), else
+    to SQLite beside the run directories (``runs/mlflow.db``: MLflow 3 refuses its plain-file store); W&B
+    without a ``save_dir`` writes there too. Without an experiment (project) name, each takes the runs'
+    ``name``. The same tracker twice (a resume given its --config again) is one: the first, with the run's id.
     """
-    runs = Path(runs_dir).resolve()
+    runs, environment = Path(runs_dir).resolve(), os.environ.get("MLFLOW_TRACKING_URI")
     for tracker in trackers:
-        cls = pkgutil.resolve_name(tracker.class_path) if isinstance(tracker, Namespace) else None
-        if not isinstance(cls, type) or (init_args := tracker.get("init_args")) is None:
+        cls, init_args = configured_class(tracker)
+        if cls is None:
             continue
         for argument in ("experiment_name", "project"):  # MLflow's, W&B's
             if argument in init_args and not init_args[argument]:
                 init_args[argument] = name or "lightning_logs"  # Lightning's default
-        environment = os.environ.get("MLFLOW_TRACKING_URI")
-        if (
-            issubclass(cls, loggers.MLFlowLogger)
-            and init_args.get("run_id")
-            and init_args.get("tracking_uri")
-            and environment not in (None, "", init_args.get("tracking_uri"))
-        ):
-            rank_zero_warn(
-                f"MLflow run {init_args.run_id} goes on in {init_args.tracking_uri}, where the run began, not in "
-                f"MLFLOW_TRACKING_URI={environment}: a run lives in one store"
-            )
-        if issubclass(cls, loggers.MLFlowLogger) and not init_args.get("tracking_uri"):
-            init_args.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{runs / 'mlflow.db'}"
+        if issubclass(cls, loggers.MLFlowLogger) and init_args.get("tracking_uri"):
+            if init_args.get("run_id") and environment not in (None, "", init_args.tracking_uri):
+                rank_zero_warn(
+                    f"MLflow run {init_args.run_id} goes on in {init_args.tracking_uri}, where the run began, not "
+                    f"in MLFLOW_TRACKING_URI={environment}: a run lives in one store"
+                )
+        elif issubclass(cls, loggers.MLFlowLogger):
+            init_args.tracking_uri = environment or f"sqlite:///{runs / 'mlflow.db'}"
             if init_args.tracking_uri.startswith("sqlite:") and not init_args.get("artifact_location"):
                 init_args.artifact_location = str(runs / "mlartifacts")  # MLflow's own: ./mlruns, wherever that is
         elif issubclass(cls, WandbLogger) and not init_args.get("save_dir") and not init_args.get("dir"):
@@ -89,8 +88,18 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
 def without_run_ids(tracker: Any) -> Any:
     if not isinstance(tracker, Namespace) or tracker.get("init_args") is None:
         return tracker
-    init_args = {name: value for name, value in vars(tracker.init_args).items() if name not in RUN_IDS}
-    return (tracker.class_path, init_args)
+    return tracker.class_path, {key: value for key, value in vars(tracker.init_args).items() if key not in RUN_IDS}
+
+
+def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
+    """A resumed fit's trackers log on into the runs its run directory recorded: a tracker given no run id of
+    its own gets its class's recorded one."""
+    recorded = tracker_runs(run_dir)
+    for tracker in trackers:
+        cls, init_args = configured_class(tracker)
+        for argument, run_id in recorded.get(class_key(cls), {}).items() if cls is not None else ():
+            if argument in init_args and not init_args.get(argument):
+                init_args[argument] = run_id
 
 
 def class_key(cls: type) -> str:
@@ -98,20 +107,14 @@ def class_key(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def run_id_argument(tracker: Logger) -> str | None:
-    """The argument that tells a tracker which run to log into (MLflow's ``run_id``, W&B's ``id``)."""
-    parameters = inspect.signature(type(tracker)).parameters
-    return next((name for name in ("run_id", "id") if name in parameters), None)
-
-
 def record_trackers(trackers: list[Logger], configured: list, config: dict, run_dir: Path) -> None:
-    """Start each tracker's run: a new one gets the run's configuration (as config.yaml holds it) as its
-    parameters (a resumed one keeps those it started with: MLflow's cannot change, and config.yaml holds
-    the new ones); and write each run's id into ``trackers.json`` in the run directory. ``configured``:
-    each tracker's own section of the configuration."""
+    """Start each tracker's run, a new one with the run's configuration as its parameters (a resumed one keeps
+    those it started with), and record its id in ``trackers.json``. ``configured``: each tracker's section."""
     record = {}
     for tracker, settings in zip(trackers, configured):
-        if (argument := run_id_argument(tracker)) is None:
+        # The argument that names the run to log into: MLflow's run_id, W&B's id.
+        parameters = inspect.signature(type(tracker)).parameters
+        if (argument := next((name for name in ("run_id", "id") if name in parameters), None)) is None:
             continue
         init_args = settings.get("init_args") or Namespace()
         if not any(init_args.get(name) for name in RUN_IDS):
@@ -123,8 +126,7 @@ def record_trackers(trackers: list[Logger], configured: list, config: dict, run_
 
 
 def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
-    """The tracker runs a run directory recorded, each as the logger arguments that continue it, by logger
-    class; checked, as the config.yaml beside it is. None recorded: none."""
+    """The tracker runs a run directory recorded, by logger class, as the arguments that continue each; checked."""
     source = run_dir / TRACKER_RUNS
     if not source.is_file():
         return {}
@@ -145,8 +147,7 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested configuration as ``{"model.init_args.optimizer.init_args.lr": 0.003, ...}``: the names of
-    the command-line options, with list items (callbacks, loggers) by index."""
+    """A nested configuration by the names of its command-line options (list items by index)."""
     if isinstance(value, dict) and value:
         items = value.items()
     elif isinstance(value, list | tuple) and any(isinstance(item, dict) for item in value):

@@ -10,28 +10,20 @@ value, written to runs/<name>/cv_N/cv.csv.
 import argparse
 import csv
 import io
+import itertools
 import statistics
-import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from template.cli import PROGRAM
 from template.data.cache import write_atomic
 from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
+    at_least,
+    checked_config,
     fit,
     monitored,
-    resolved_config,
     runs_place,
 )
-
-
-def next_cv_dir(run_root: Path) -> Path:
-    """runs/<name>/cv_N for the first N not taken: a rerun never mixes its folds with an earlier one's."""
-    number = 0
-    while (run_root / f"cv_{number}").exists():
-        number += 1
-    return run_root / f"cv_{number}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,25 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
         usage=f"{PROGRAM} cv --folds K [fit options]",
         description="k-fold cross-validation; every other option is a fit option (--config ...).",
     )
-    parser.add_argument("--folds", type=int, required=True, help="number of folds, at least 2")
+    parser.add_argument("--folds", type=at_least(2), required=True, help="number of folds, at least 2")
     return parser
 
 
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
-    if options.folds < 2:
-        parser.error(f"--folds {options.folds}: at least 2")
-    resolved_config(fit_args)  # the fit options alone first: their mistakes are theirs
-    try:
-        config = resolved_config([*fit_args, f"--data.init_args.folds={options.folds}"])
-    except SystemExit:
-        print(f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, "
-              "Swap the data)", file=sys.stderr)  # fmt: skip
-        raise
+    blame = f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, Swap the data)"
+    config = checked_config(fit_args, [f"--data.init_args.folds={options.folds}"], blame)
     runs_dir, name = runs_place(config)
     monitor, _ = monitored(config)
-    cv_dir = next_cv_dir(runs_dir / name)
+    # runs/<name>/cv_N for the first N not taken: a rerun never mixes its folds with an earlier one's.
+    cv_dir = next(runs_dir / name / f"cv_{n}" for n in itertools.count() if not (runs_dir / name / f"cv_{n}").exists())
     folds = []
     for fold in range(options.folds):
         fold_args = [*fit_args, f"--data.init_args.folds={options.folds}", f"--data.init_args.fold={fold}"]
@@ -74,9 +60,9 @@ def main(args: list[str]) -> None:
     rows += [["mean", f"{mean:.6f}", "", ""], ["std", f"{std:.6f}", "", ""]]
     csv.writer(text).writerows(rows)
     write_atomic(cv_dir / "cv.csv", text.getvalue())
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, highlight=False)
     console.rule(f"{options.folds}-fold cross-validation")
     for fold, score in enumerate(scores):
-        console.print(f"fold {fold}           {monitor} {score:.4f}", highlight=False)
-    console.print(f"mean +- std      {monitor} {mean:.4f} +- {std:.4f} (over {options.folds} folds)", highlight=False)
-    console.print(f"per fold         {cv_dir / 'cv.csv'}", highlight=False)
+        console.print(f"fold {fold}           {monitor} {score:.4f}")
+    console.print(f"mean +- std      {monitor} {mean:.4f} +- {std:.4f} (over {options.folds} folds)")
+    console.print(f"per fold         {cv_dir / 'cv.csv'}")

@@ -1,14 +1,10 @@
-"""``template doctor``: pre-flight checks that catch the classic training bugs in seconds.
+"""``template doctor [fit options]``: pre-flight checks that catch the classic training bugs in seconds.
 
-    template doctor
-    template doctor --config configs/cifar10_resnet18.yaml --data.root data/cifar10
-
-It takes the same ``--config`` files and overrides as ``fit``, builds the same DataModule
-and model, and checks the environment, the data, the model, whether the model can
-memorise a small batch, its memory and its speed. The last three train a copy of the
-configured LightningModule through its own training_step and configure_optimizers
-(``short_fit.py``), so a changed loss, optimizer or schedule is what they check. Each check prints pass / warn / fail
-with what it saw and what to do; any fail exits with status 1, so it can gate CI or a job.
+It builds the DataModule and model ``fit`` would and checks the environment, the data, the model, whether
+the model can memorise a small batch, its memory and its speed. The last three train a copy of the
+configured module through its own training_step and configure_optimizers (``short_fit.py``), so a changed
+loss, optimizer or schedule is what they check. Each check prints pass / warn / fail with what it saw and
+what to do; any fail exits with status 1, so it can gate CI or a job.
 """
 
 import copy
@@ -32,7 +28,7 @@ from template.cli import PROGRAM, cli
 from template.data.base import ImageDataModule
 from template.data.loaders import TensorImageDataset
 from template.module import ClassificationModule
-from template.tools.short_fit import measure_steps, memorise
+from template.tools.short_fit import MeasureSteps, Memorise, short_fit
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
@@ -50,48 +46,39 @@ class Check:
 def check_environment(accelerator: str) -> list[Check]:
     """Versions, and whether the GPU this torch build was made for can be used."""
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in STACK)
-    checks = [Check("environment", "python and stack", "pass", f"python {platform.python_version()}, {versions}")]
+    stack = Check("environment", "python and stack", "pass", f"python {platform.python_version()}, {versions}")
+    # Asking for a GPU that cannot be used fails; running on the CPU when none is asked for does not.
     needs_gpu = accelerator in ("gpu", "cuda")
-    bad = "fail" if needs_gpu else "warn"
+    bad, no_gpu = ("fail", "fail") if needs_gpu else ("warn", "pass")
+    built = f"torch is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is False"
     if torch.version.cuda is None:
-        fix = "install a CUDA build of torch (pytorch.org lists the one for your driver)" if needs_gpu else ""
-        checks.append(Check("environment", "cuda", "fail" if needs_gpu else "pass", "CPU-only build of torch", fix))
-    elif not torch.cuda.is_available():
-        built = f"torch is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is False"
-        if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-            checks.append(Check("environment", "cuda", bad, f"{built}: CUDA_VISIBLE_DEVICES hides every GPU",
-                                "unset CUDA_VISIBLE_DEVICES or name the GPUs to use"))  # fmt: skip
-        elif shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists():
-            checks.append(Check("environment", "cuda", bad, f"{built}, though an NVIDIA device is present: "
-                                "its driver is missing, not loaded or older than this CUDA needs",
-                                "nvidia-smi shows the newest CUDA the driver supports: update the driver, or "
-                                "install the torch build for that CUDA version"))  # fmt: skip
-        else:
-            status = "fail" if needs_gpu else "pass"
-            checks.append(Check("environment", "cuda", status, f"{built}: this machine has no NVIDIA GPU, so "
-                                "training runs on the CPU", "run on a GPU machine" if needs_gpu else ""))  # fmt: skip
-    else:
-        names, unsupported = [], []
-        arch_list = torch.cuda.get_arch_list()
+        status, detail = no_gpu, "CPU-only build of torch"
+        fix = "install a CUDA build of torch (pytorch.org lists the one for your driver)"
+    elif torch.cuda.is_available():
+        names, unsupported, arch_list = [], [], torch.cuda.get_arch_list()
         for index in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(index)
             names.append(f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})")
-            # A device runs this build's kernels if they were compiled for its architecture,
-            # or as PTX for an older one that the driver compiles on the fly.
-            if (
-                arch_list
-                and f"sm_{major}{minor}" not in arch_list
-                and not any(arch.startswith("compute_") and int(arch[8:]) <= major * 10 + minor for arch in arch_list)
-            ):
+            # Kernels compiled for its architecture, or as PTX for an older one that the driver compiles.
+            ptx = any(arch.startswith("compute_") and int(arch[8:]) <= major * 10 + minor for arch in arch_list)
+            if arch_list and f"sm_{major}{minor}" not in arch_list and not ptx:
                 unsupported.append(names[-1])
         detail = f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}: {', '.join(names)}"
+        status, fix = "pass", "install a torch build that lists the device's architecture"
         if unsupported:
-            checks.append(Check("environment", "cuda", "fail", f"{detail}; this build has no kernels for "
-                                f"{', '.join(unsupported)} (it has {' '.join(arch_list)})",
-                                "install a torch build that lists the device's architecture"))  # fmt: skip
-        else:
-            checks.append(Check("environment", "cuda", "pass", detail))
-    return checks
+            status = "fail"
+            detail += f"; this build has no kernels for {', '.join(unsupported)} (it has {' '.join(arch_list)})"
+    elif os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        status, detail = bad, f"{built}: CUDA_VISIBLE_DEVICES hides every GPU"
+        fix = "unset CUDA_VISIBLE_DEVICES or name the GPUs to use"
+    elif shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists():
+        status = bad
+        detail = f"{built}: an NVIDIA device is here, its driver missing, unloaded or older than this CUDA needs"
+        fix = "nvidia-smi shows the newest CUDA the driver supports: update the driver, or install a torch for it"
+    else:
+        status, detail = no_gpu, f"{built}: this machine has no NVIDIA GPU, so training runs on the CPU"
+        fix = "run on a GPU machine"
+    return [stack, Check("environment", "cuda", status, detail, "" if status == "pass" else fix)]
 
 
 def digest(data: bytes) -> str:
@@ -110,9 +97,8 @@ def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
 
 
 def image_names(datamodule: ImageDataModule, split: str, count: int) -> list[str]:
-    """What to call each image of a split in a report: its file where the DataModule records one
-    (``split_files``), else its position, with its index in the source where the DataModule
-    records that (``split_indices``, as the digits do)."""
+    """Each image of a split as a report names it: its file (``split_files``), else its position, with its
+    index in the source where the DataModule records that (``split_indices``)."""
     files = getattr(datamodule, "split_files", {}).get(split)
     if files is not None and len(files) == count:
         return [str(file) for file in files]
@@ -124,7 +110,7 @@ def image_names(datamodule: ImageDataModule, split: str, count: int) -> list[str
 
 def check_splits(datamodule: ImageDataModule) -> list[Check]:
     """Labels in range, class balance, and images shared between train, val and test."""
-    num_classes, checks = datamodule.num_classes, []
+    num_classes = datamodule.num_classes
     splits = [split for split in ("train", "val", "test") if split in datamodule.datasets]
     contents = {split: split_contents(datamodule.datasets[split]) for split in splits}
     wrong = []
@@ -134,11 +120,10 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
         elif len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
             outside = labels[(labels < 0) | (labels >= num_classes)]
             wrong.append(f"{split}: {len(outside)} label(s) outside [0, {num_classes}), e.g. {outside[0].item()}")
-    if wrong:
-        checks.append(Check("data", "labels", "fail", "; ".join(wrong),
-                            "labels must be int64 indices 0..num_classes-1; check num_classes and the label mapping"))  # fmt: skip
-        return checks  # counting classes needs labels in range
-    checks.append(Check("data", "labels", "pass", f"integer labels in [0, {num_classes}) in every split"))
+    if wrong:  # counting classes needs labels in range
+        fix = "labels must be int64 indices 0..num_classes-1; check num_classes and the label mapping"
+        return [Check("data", "labels", "fail", "; ".join(wrong), fix)]
+    checks = [Check("data", "labels", "pass", f"integer labels in [0, {num_classes}) in every split")]
     counts = {split: torch.bincount(labels, minlength=num_classes) for split, (_, labels) in contents.items()}
     sizes = " / ".join(f"{split} {int(count.sum())}" for split, count in counts.items())
     missing = {split: (count == 0).nonzero().flatten().tolist() for split, count in counts.items()}
@@ -171,7 +156,7 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
     return checks
 
 
-def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[list[Check], tuple | None]:
+def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[Check, tuple | None]:
     """Dtype, finiteness and range of a few training batches, before and after normalisation."""
     problems, warnings, first = [], [], None
     for index, (images, labels) in zip(range(batches), datamodule.train_dataloader()):
@@ -188,14 +173,12 @@ def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[list[C
             warnings.append(f"batch {index}: normalised values reach {normalised.abs().max():.0f}")
         first = first or (normalised, labels)
     if problems:
-        return [Check("data", "batches", "fail", "; ".join(problems),
-                      "find the bad files or values (corrupt images, divide by zero) and fix or drop them")], first  # fmt: skip
+        fix = "find the bad files or values (corrupt images, divide by zero) and fix or drop them"
+        return Check("data", "batches", "fail", "; ".join(problems), fix), first
     if warnings:
-        return [
-            Check("data", "batches", "warn", "; ".join(warnings), "check the mean and std used to normalise")
-        ], first
+        return Check("data", "batches", "warn", "; ".join(warnings), "check the mean and std used to normalise"), first
     detail = f"{batches} batches of {images.shape[0]}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
-    return [Check("data", "batches", "pass", detail)], first
+    return Check("data", "batches", "pass", detail), first
 
 
 def autograd_leaves(output: torch.Tensor) -> list[torch.Tensor]:
@@ -233,14 +216,13 @@ def check_model(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_
     if logits.shape != (len(images), num_classes):
         return [Check("model", "output shape", "fail", f"{tuple(logits.shape)} for {len(images)} images",
                       f"the network must return (batch, {num_classes}) logits")]  # fmt: skip
-    checks = []
     rows = logits.detach().double()
     if rows.min() >= 0 and rows.max() <= 1 and torch.allclose(rows.sum(1), torch.ones_like(rows[:, 0]), atol=1e-3):
-        checks.append(Check("model", "raw logits", "fail", "outputs are probabilities (each row in [0, 1], summing "
-                            "to 1): a softmax before cross_entropy flattens the gradients",
-                            "return raw logits from forward: cross_entropy applies log-softmax itself"))  # fmt: skip
+        checks = [Check("model", "raw logits", "fail", "outputs are probabilities (each row in [0, 1], summing "
+                        "to 1): a softmax before cross_entropy flattens the gradients",
+                        "return raw logits from forward: cross_entropy applies log-softmax itself")]  # fmt: skip
     else:
-        checks.append(Check("model", "raw logits", "pass", f"outputs span [{rows.min():.2f}, {rows.max():.2f}]"))
+        checks = [Check("model", "raw logits", "pass", f"outputs span [{rows.min():.2f}, {rows.max():.2f}]")]
     registered = {id(parameter) for parameter in net.parameters()}
     stray = [leaf for leaf in autograd_leaves(logits) if id(leaf) not in registered]
     try:
@@ -279,9 +261,8 @@ def shape_table(net: nn.Module, images: torch.Tensor) -> Table:
     with torch.no_grad():
         net(images[:1])
     total = sum(p.numel() for p in net.parameters())
-    table = Table(title=f"{type(net).__name__}: {total:,} parameters, input {tuple(images.shape[1:])}")
-    for column in ("stage", "output shape", "parameters"):
-        table.add_column(column)
+    title = f"{type(net).__name__}: {total:,} parameters, input {tuple(images.shape[1:])}"
+    table = Table("stage", "output shape", "parameters", title=title)
     for name, module in stages:
         shape = tuple(shapes[name]) if name in shapes else "not called"
         table.add_row(name, str(shape), f"{sum(p.numel() for p in module.parameters()):,}")
@@ -292,13 +273,12 @@ def check_learnability(model: ClassificationModule, trainer: L.Trainer, images: 
                        steps: int = 200) -> Check:  # fmt: skip
     """Can the configured module, with its own loss, optimizer and schedule, memorise a few images?
     If not, nothing else matters."""
-    name = "overfit one batch"
     try:
-        result = memorise(model, trainer, images, labels, steps)
+        result = short_fit(model, trainer, (images, labels), steps, Memorise(labels))
     except Exception as error:  # reported as the failed check, in the module's own words
         return Check("learnability", "training step", "fail", f"{type(error).__name__}: {error}",
                      "fix the module's training_step or configure_optimizers")  # fmt: skip
-    losses = result.losses
+    losses, name = result.losses, "overfit one batch"
     trend = f"the module's loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     if result.memorised:
         return Check("learnability", name, "pass", f"{len(images)} images memorised: {trend} in {len(losses)} steps")
@@ -315,7 +295,7 @@ def check_memory_and_speed(model: ClassificationModule, trainer: L.Trainer, imag
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        measured = measure_steps(model, trainer, batch, seconds, max_steps=1000)
+        measured = short_fit(model, trainer, batch, 1000, MeasureSteps(seconds))
     except torch.OutOfMemoryError as error:
         return [Check("resources", "memory", "fail", str(error).splitlines()[0],
                       "lower data.batch_size, use bf16-mixed or model.net.checkpoint_stages")]  # fmt: skip
@@ -339,10 +319,8 @@ def run_checks(
     accelerator: str = "auto",
     overfit_images: int = 16,
 ) -> tuple[list[Check], Table | None]:
-    """Every check, in order, and the network's stage table once a clean batch is at hand.
-
-    ``trainer`` is the configured one, for its device, precision and gradient clipping (the fits
-    run under Trainers of their own); ``accelerator`` is the configured ``trainer.accelerator``."""
+    """Every check, in order, and the network's stage table once a clean batch is at hand. ``trainer`` is the
+    configured one, for its device, precision and clipping; ``accelerator`` is ``trainer.accelerator`` as given."""
     checks = check_environment(accelerator)
     try:
         batch_size = datamodule.device_batch_size(trainer.world_size)
@@ -357,8 +335,8 @@ def run_checks(
             if stage == "fit":
                 return checks, None
     checks += check_splits(datamodule)
-    batch_checks, first = check_batches(datamodule)
-    checks += batch_checks
+    batches, first = check_batches(datamodule)
+    checks.append(batches)
     if first is None or any(check.status == "fail" for check in checks if check.group == "data"):
         return checks, None  # the model checks need a clean batch
     images, labels = first
@@ -373,21 +351,18 @@ def run_checks(
 
 
 def report(checks: list[Check], console: Console) -> None:
-    table = Table(title=f"{PROGRAM} doctor")
-    fixes = any(check.fix for check in checks)  # a fix column only when there is one to show
-    for column in ("check", "status", "what it saw", "fix")[: 4 if fixes else 3]:
-        table.add_column(column, overflow="fold")
+    columns = 4 if any(check.fix for check in checks) else 3  # a fix column only when there is one to show
+    table = Table(*("check", "status", "what it saw", "fix")[:columns], title=f"{PROGRAM} doctor")
     for check in checks:
         row = [f"{check.group}: {check.name}", f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix]
-        table.add_row(*row[: 4 if fixes else 3])
+        table.add_row(*row[:columns])
     console.print(table)
 
 
 def main(args: list[str]) -> None:
     """``template doctor [fit options]``: exit status 1 when any check fails."""
     built = cli(args, run=False, command="doctor")
-    # The accelerator asked for ("auto", "gpu"...), not the one Lightning chose: asking for a GPU
-    # that cannot be used is a failure, running on the CPU when none is asked for is not.
+    # The accelerator asked for ("auto", "gpu"...), not the one Lightning chose.
     accelerator = str(built.config.get("trainer", {}).get("accelerator", "auto"))
     checks, stages = run_checks(built.model, built.datamodule, built.trainer, accelerator)
     console = Console()

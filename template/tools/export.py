@@ -3,14 +3,10 @@
     template export --ckpt_path best --format onnx
 
 The network is rebuilt from the checkpoint's record (``template.restore``: a registry name and literal
-arguments), its weights are loaded without unpickling anything but tensors, and the exported file is then run on the
-same batch as the original: the largest absolute difference of their logits is reported,
-and the export fails above the tolerance.
-
-Every file carries what a deployment needs beside the network, as JSON strings: ``class_names``
-and ``preprocessing`` (``template.data.preprocessing``: resize, mean, std). safetensors keeps them
-in its metadata, ONNX in ``metadata_props``, TorchScript as extra files ``class_names.json`` and
-``preprocessing.json``; they are read back from the written file, like the logits.
+arguments) and its weights loaded without unpickling; the written file is read back and run on a batch
+beside the original, and the export fails when their logits differ by more than the tolerance. Each file
+carries ``class_names`` and ``preprocessing`` (resize, mean, std) as JSON strings, read back too: in the
+safetensors metadata, ONNX ``metadata_props``, or TorchScript extra files ``class_names.json`` and so on.
 """
 
 import argparse
@@ -39,8 +35,7 @@ FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onn
 
 
 def network_spec(restored: Restored) -> dict:
-    """The network of a restored checkpoint as registry name and literal arguments, built without pretrained
-    weights (the checkpoint holds all of its own)."""
+    """The network of a restored checkpoint, without pretrained weights (the checkpoint holds all of its own)."""
     spec = restored.config.get("model", {}).get("init_args", {}).get("net")
     if not isinstance(spec, dict):
         raise ValueError(
@@ -58,10 +53,9 @@ def export_safetensors(
     from safetensors import safe_open
     from safetensors.torch import load_file, save
 
-    # The network's class path and input shape too: a reader rebuilds the network from them.
+    # The network and input shape too: a reader rebuilds the network from them.
     metadata = {**metadata, "net": json.dumps(spec), "input_shape": json.dumps(input_shape)}
-    # Written by us, not by save_file: its temporary file makes the result mode 0600, readable by
-    # its owner alone, where every other output follows the umask (0644 by default).
+    # Not save_file: its temporary file makes the result mode 0600, where every other output follows the umask.
     path.write_bytes(save({k: v.contiguous() for k, v in net.state_dict().items()}, metadata=metadata))
     fresh = build(spec)  # the safetensors file must load into a network built anew
     fresh.load_state_dict(load_file(str(path)))
@@ -108,8 +102,7 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     restored = restore(ckpt_path, ClassificationModule, None, fit=False)  # names and literals only, nothing run
     spec, hparams = network_spec(restored), restored.trained
     net = build(spec)
-    checkpoint = read_checkpoint(ckpt_path)  # its tensors, checked against their digest
-    load_weights(net, checkpoint, strict=True)
+    load_weights(net, read_checkpoint(ckpt_path), strict=True)  # its tensors, checked against their digest
     net.eval()
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
@@ -140,10 +133,8 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
         exported, carried = export_torchscript(net, path, example, metadata)
     else:
         exported, carried = export_onnx(net, path, example, metadata)
-    lost = [key for key, value in metadata.items() if carried.get(key) != value]
-    if lost:
+    if lost := [key for key, value in metadata.items() if carried.get(key) != value]:
         raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
-
     # Parity on a fresh batch of another size than the example (dynamic batch dimension).
     batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -170,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: list[str]) -> None:
     parser = build_parser()
     options = parser.parse_args(args)
+    ckpt_path = options.ckpt_path
     try:
-        ckpt_path = options.ckpt_path
         if ckpt_path in CHECKPOINT_ALIASES:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
             print(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}")

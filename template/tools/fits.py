@@ -1,8 +1,10 @@
 """Many fits from one command (``template sweep``, ``template cv``): each an ordinary ``template fit``
 run, in a run directory of its own, with its config.yaml, env.json and checkpoints."""
 
+import argparse
 import contextlib
 import io
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +25,7 @@ class Fit:
 
 
 def resolved_config(fit_args: list[str]) -> dict:
-    """The configuration ``template fit`` would run with these options, parsed and checked but
-    nothing built (LightningCLI's ``--print_config``)."""
+    """The configuration ``template fit`` would run with these options, nothing built (``--print_config``)."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         try:
@@ -35,9 +36,31 @@ def resolved_config(fit_args: list[str]) -> dict:
     return yaml.safe_load(printed.getvalue())
 
 
+def checked_config(fit_args: list[str], extra: list[str], blame: str) -> dict:
+    """The configuration of ``fit_args``, checked with the tool's ``extra`` fit options too: a parse error of the
+    fit options alone is theirs, one that ``extra`` adds is said by ``blame``."""
+    config = resolved_config(fit_args)
+    try:
+        resolved_config([*fit_args, *extra])
+    except SystemExit:
+        print(blame, file=sys.stderr)
+        raise
+    return config
+
+
+def at_least(least: int):
+    """An argparse type: a whole number, ``least`` or more."""
+
+    def number(text: str) -> int:
+        if int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text}: at least {least}")
+        return int(text)
+
+    return number
+
+
 def runs_place(config: dict) -> tuple[Path, str]:
-    """The runs folder and run name of the TensorBoard logger a configuration writes with: the first
-    logger, as the CLI places the runs (``ClassificationCLI.run_name``)."""
+    """The runs folder and run name of the configuration's first logger, TensorBoard, which places the runs."""
     logger = loggers_of(config)[0]
     if not is_tensorboard(logger):
         raise ValueError(

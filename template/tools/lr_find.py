@@ -2,12 +2,9 @@
 
     template lr-find [--min_lr 1e-6] [--max_lr 1] [--num_training 100] [fit options]
 
-From the configured model's initial weights (restored afterwards), it trains
-``num_training`` steps while the learning rate grows exponentially from ``min_lr`` to
-``max_lr``; saves the loss-vs-LR curve as ``lr_find.png`` and ``lr_find.csv`` in a run
-directory; and prints the suggested LR, where the smoothed loss falls fastest. Read the
-curve too: the suggestion is a heuristic, and the peak LR of a warm-up + cosine schedule
-can usually sit several times above it, below where the loss turns up.
+It saves the loss-vs-LR curve (``lr_find.png``, ``lr_find.csv``) in a run directory and prints the
+suggested LR, where the smoothed loss falls fastest. Read the curve too: the suggestion is a heuristic,
+and the peak LR of a warm-up + cosine schedule can usually sit several times above it.
 """
 
 import argparse
@@ -53,8 +50,7 @@ def main(args: list[str]) -> None:
         writer = csv.writer(file)
         writer.writerow(["lr", "loss"])
         writer.writerows(zip(finder.results["lr"], finder.results["loss"]))
-    figure = finder.plot(suggest=True)
-    figure.savefig(run_dir / "lr_find.png", dpi=120)
+    finder.plot(suggest=True).savefig(run_dir / "lr_find.png", dpi=120)
     suggestion = finder.suggestion()
     console = Console(soft_wrap=True)
     console.print(f"loss-vs-LR curve: {run_dir / 'lr_find.png'} (values in lr_find.csv)", highlight=False)

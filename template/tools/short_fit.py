@@ -1,10 +1,9 @@
 """Short fits of a copy of the configured LightningModule, for the doctor: memorise a few images,
 and measure a training step's memory and time.
 
-Each runs under a real Trainer of its own, so what it exercises is the module's own
-``training_step`` (its loss, label smoothing included) and ``configure_optimizers`` (its
-optimizer and schedule), with the configured precision and gradient clipping. The user's
-model is deep-copied first and never changed.
+Each runs under a real Trainer of its own, so it exercises the module's own ``training_step`` (its
+loss, label smoothing included) and ``configure_optimizers``, with the configured precision and
+gradient clipping. The user's model is deep-copied first and never changed.
 """
 
 import contextlib
@@ -18,13 +17,11 @@ import lightning as L
 import torch
 
 
-def short_fit(model: L.LightningModule, trainer: L.Trainer, batch: tuple, steps: int, callback: L.Callback) -> None:
-    """Fit a copy of ``model`` on ``batch`` repeated ``steps`` times, on the device, precision and
-    gradient clipping of the configured ``trainer``: one device, and nothing written (no logger,
-    checkpoint, progress bar, summary or validation)."""
+def short_fit(model: L.LightningModule, trainer: L.Trainer, batch: tuple, steps: int, callback: L.Callback):
+    """Fit a copy of ``model`` on ``batch`` repeated ``steps`` times, on the configured ``trainer``'s device,
+    precision and clipping, writing nothing; returns ``callback``, which holds what it measured."""
     device = trainer.strategy.root_device
-    # The same batch, already normalised and on the device. Not a list of it: a list would be
-    # read as one loader per item.
+    # Not a list of the batch: a list would be read as one loader per item.
     batches = itertools.repeat(tuple(tensor.to(device) for tensor in batch), steps)
     with quietly():
         quick = L.Trainer(
@@ -42,12 +39,12 @@ def short_fit(model: L.LightningModule, trainer: L.Trainer, batch: tuple, steps:
             callbacks=[callback],
         )
         quick.fit(copy.deepcopy(model), train_dataloaders=batches)
+    return callback
 
 
 @contextlib.contextmanager
 def quietly():
-    """Without Lightning's notes on its setup (devices found, validation skipped): said once
-    already by the configured Trainer, they would only repeat for every short fit."""
+    """Without Lightning's notes on its setup: the configured Trainer said them once already."""
     logger = logging.getLogger("lightning.pytorch")
     level = logger.level
     logger.setLevel(logging.WARNING)
@@ -75,14 +72,6 @@ class Memorise(L.Callback):
         correct = self.logits is not None and torch.equal(self.logits.argmax(1).cpu(), self.labels)
         if correct and self.losses[-1] <= self.losses[0] / 2:
             self.memorised = trainer.should_stop = True
-
-
-def memorise(model: L.LightningModule, trainer: L.Trainer, images: torch.Tensor, labels: torch.Tensor,
-             steps: int) -> Memorise:  # fmt: skip
-    """Train on one batch for up to ``steps`` steps; the result holds the losses and whether it was learnt."""
-    result = Memorise(labels)
-    short_fit(model, trainer, (images, labels), steps, result)
-    return result
 
 
 def tensor_bytes(tensors) -> int:
@@ -121,11 +110,3 @@ class MeasureSteps(L.Callback):
             self.timed_steps, self.elapsed = batch_idx - 1, time.perf_counter() - self.start
             if self.elapsed >= self.seconds and self.timed_steps >= 2:
                 trainer.should_stop = True
-
-
-def measure_steps(model: L.LightningModule, trainer: L.Trainer, batch: tuple, seconds: float,
-                  max_steps: int) -> MeasureSteps:  # fmt: skip
-    """Train on ``batch`` until ``seconds`` of timed steps have passed (or ``max_steps``)."""
-    result = MeasureSteps(seconds)
-    short_fit(model, trainer, batch, max_steps, result)
-    return result

@@ -1,14 +1,11 @@
 """``template sweep --space FILE --n_trials N [fit options]``: a hyper-parameter search on Optuna.
 
-Each trial is an ordinary ``template fit`` run (runs/<study_name>/trial_NNN) with the options of
-the search space added to the fit options given; its objective is the monitored validation
-metric of its best checkpoint (checkpoint.monitor), and Optuna's Lightning callback prunes a
-trial that falls behind. The study lives in a database: an SQLite file in the runs folder by
-default, or any URL Optuna takes (``--storage postgresql://...``), so that the same command
-started on many machines works on one study. A worker that dies loses only its trial: Optuna's
-heartbeat marks it failed, and starting the command again goes on until ``--n_trials`` trials
-have finished (completed or pruned), counted over all workers. At the end: the table of trials
-(trials.csv) and the best trial's configuration (best.yaml, for ``template fit --config``).
+Each trial is a ``template fit`` run (runs/<study_name>/trial_NNN) of the fit options given plus the
+space's; its objective is its best checkpoint's checkpoint.monitor, and Optuna's Lightning callback prunes
+a trial that falls behind. The study lives in a database (SQLite in the runs folder, or ``--storage URL``),
+so the same command started on many machines works on one study; a dead worker's trial is failed by its
+heartbeat, and the command goes on until ``--n_trials`` have finished over all workers. At the end:
+trials.csv and the best trial's configuration (best.yaml, for ``template fit --config``).
 
 The search space, a YAML file whose keys are the options of ``template fit``::
 
@@ -47,6 +44,8 @@ except ModuleNotFoundError as missing:  # an optional extra
 from template.data.cache import write_atomic
 from template.runs import is_tensorboard, loggers_of
 from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
+    at_least,
+    checked_config,
     fit,
     monitored,
     resolved_config,
@@ -113,20 +112,20 @@ def as_option(value) -> str:
 
 def example_options(space: dict[str, dict]) -> list[str]:
     """Fit options with a value of each entry (its low end, its first choice), to check the keys."""
-    values = {key: spec["choices"][0] if spec["type"] == "categorical" else spec["low"] for key, spec in space.items()}
-    return [f"--{key}={as_option(values[key])}" for key in sorted(space, key=lambda key: key.count("."))]
+    return as_options({key: spec.get("choices", [spec.get("low")])[0] for key, spec in space.items()})
 
 
 def suggest(trial: optuna.Trial, space: dict[str, dict]) -> list[str]:
-    """This trial's values as fit options; a class chosen first, so its own options apply to it."""
+    """This trial's values as fit options."""
     values = {}
     for key, spec in space.items():
-        spec = dict(spec)
-        values[key] = getattr(trial, f"suggest_{spec.pop('type')}")(key, **spec)
+        arguments = {name: value for name, value in spec.items() if name != "type"}
+        values[key] = getattr(trial, f"suggest_{spec['type']}")(key, **arguments)
     return as_options(values)
 
 
 def as_options(values: dict) -> list[str]:
+    """Fit options; a class chosen first, so its own options apply to it."""
     return [f"--{key}={as_option(values[key])}" for key in sorted(values, key=lambda key: key.count("."))]
 
 
@@ -205,12 +204,6 @@ def same_study(study: optuna.Study, space: dict, fit_args: list[str]) -> None:
               f"this worker's are {shlex.join(fit_args)}", file=sys.stderr)  # fmt: skip
 
 
-def trial_counts(study: optuna.Study) -> tuple[int, int, int]:
-    """Trials finished (completed or pruned), running, and waiting to be taken (enqueued)."""
-    states = [trial.state for trial in study.get_trials(deepcopy=False)]
-    return sum(s in FINISHED for s in states), states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
-
-
 def run_study(
     study: optuna.Study, options: argparse.Namespace, fit_args: list[str], space: dict, monitor: str, runs_dir: Path
 ) -> None:
@@ -240,10 +233,11 @@ def run_study(
 
     while True:
         optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, so that it is counted out
-        finished, running, waiting = trial_counts(study)
+        states = [trial.state for trial in study.get_trials(deepcopy=False)]
+        finished = sum(state in FINISHED for state in states)
         if finished >= options.n_trials:
             return
-        if finished + running >= options.n_trials and not waiting:
+        if finished + states.count(TrialState.RUNNING) >= options.n_trials and TrialState.WAITING not in states:
             time.sleep(POLL_SECONDS)  # the last trials are the other workers'; take over one that dies
             continue
         study.optimize(objective, n_trials=1, catch=(NotThisWorkers, OutsideTheSpace))
@@ -253,7 +247,6 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     """The trials as a table (printed, and trials.csv) and the best one's configuration (best.yaml)."""
     trials = sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number)
     names = sorted({name for trial in trials for name in trial.params})
-    header = ["trial", "state", monitor, *names, "run_dir"]
     rows = []
     for trial in trials:
         value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
@@ -261,32 +254,28 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
                      *(trial.params.get(name, "") for name in names), str(out_dir / f"trial_{trial.number:03d}")])  # fmt: skip
     text = io.StringIO()
     safe = [[cell if isinstance(cell, int | float) else spreadsheet_safe(str(cell)) for cell in row] for row in rows]
-    csv.writer(text).writerows([header, *safe])
+    csv.writer(text).writerows([["trial", "state", monitor, *names, "run_dir"], *safe])
     out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
     write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
     table = Table("trial", "state", monitor, *(short if len(set(short)) == len(short) else names), "run",
                   title=f"study {study.study_name} ({out_dir})")  # fmt: skip
-    for row in rows:
-        table.add_row(
-            *(f"{cell:.4g}" if isinstance(cell, float) else str(cell) for cell in row[:-1]), Path(row[-1]).name
-        )
+    for *cells, run_dir in rows:
+        table.add_row(*(f"{cell:.4g}" if isinstance(cell, float) else str(cell) for cell in cells), Path(run_dir).name)
     # Whole values in a log (a SLURM job's, say): a terminal's width only where there is one.
-    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200, highlight=False)
     console.print(table)
-    # The best trial whose values are of the local space (any worker writes the database: one that is not is
-    # named and passed over), as this worker's own fit options plus those values: no configuration text
-    # from the database is ever parsed.
+    # best.yaml is this worker's own fit options plus the best trial's values checked against the local space:
+    # any worker writes the database, so no text from it is parsed, and a trial outside the space is passed over.
     done = [trial for trial in trials if trial.state == TrialState.COMPLETE and trial.value is not None]
-    best, params = None, None
-    for trial in sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE"):
+    for best in sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE"):
         try:
-            best, params = trial, checked_params(trial, space, f"trial {trial.number} of study {study.study_name}")
+            params = checked_params(best, space, f"trial {best.number} of study {study.study_name}")
             break
         except ValueError as error:
-            console.print(f"{error}: passed over", highlight=False)
-    if params is None:
-        console.print("no trial completed within the space: no best.yaml", highlight=False)
+            console.print(f"{error}: passed over")
+    else:
+        console.print("no trial completed within the space: no best.yaml")
         return
     config = resolved_config([*fit_args, *as_options(params)])
     logger = loggers_of(config)[0]
@@ -295,9 +284,9 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
     head += f"{out_dir / f'trial_{best.number:03d}'})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
-    console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}", highlight=False)
-    console.print(f"its config       {out_dir / 'best.yaml'}", highlight=False)
-    console.print(f"all trials       {out_dir / 'trials.csv'}", highlight=False)
+    console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}")
+    console.print(f"its config       {out_dir / 'best.yaml'}")
+    console.print(f"all trials       {out_dir / 'trials.csv'}")
 
 
 def one_process(config: dict) -> list[str]:
@@ -328,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A hyper-parameter search on Optuna; every other option is a fit option (--config ...).",
     )
     parser.add_argument("--space", required=True, help="YAML: fit option -> {type: float|int|categorical, ...}")
-    parser.add_argument("--n_trials", type=int, required=True, help="trials to finish, over all workers")
+    parser.add_argument("--n_trials", type=at_least(1), required=True, help="trials to finish, over all workers")
     parser.add_argument("--study_name", help="default: the --space file's name")
     parser.add_argument("--storage", help="an Optuna database URL; default: sqlite:///<runs folder>/optuna.db")
     parser.add_argument("--n_startup_trials", type=int, default=5, help="trials never pruned (MedianPruner)")
@@ -341,18 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
-    if options.n_trials < 1:
-        parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
     if not STUDY_NAME.fullmatch(options.study_name):
         parser.error(f"--study_name {options.study_name!r}: a plain name (letters, digits, _ . -), not a path")
-    config = resolved_config(fit_args)
-    try:  # the space's keys are fit options: a typo is found now, not as a failed first trial
-        resolved_config([*fit_args, *example_options(space)])
-    except SystemExit:
-        print(f"{parser.prog}: error: --space {options.space}: an entry is not a fit option (above)", file=sys.stderr)
-        raise
+    # The space's keys are fit options: a typo is found now, not as a failed first trial.
+    blame = f"{parser.prog}: error: --space {options.space}: an entry is not a fit option (above)"
+    config = checked_config(fit_args, example_options(space), blame)
     fit_args = [*fit_args, *one_process(config)]
     runs_dir, _ = runs_place(config)
     monitor, mode = monitored(config)
