@@ -414,3 +414,20 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
                 f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve inside "
                 f"{directory}: {', '.join(dropped)} (resuming, Lightning would replace and delete the files they name)"
             )
+
+
+def check_hub_file(path: Path, url: str) -> Path:
+    """``path``, refused if its contents do not match the hash prefix in its name (torch hub's convention,
+    ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
+    expected = torch.hub.HASH_REGEX.search(path.name)
+    if expected is not None:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        if not digest.hexdigest().startswith(expected.group(1)):
+            raise ValueError(
+                f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
+                f"not the published file); replace it with {url}"
+            )
+    return path

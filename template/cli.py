@@ -73,8 +73,7 @@ class ClassificationCLI(LightningCLI):
     run_name: tuple[str, str] | None = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The best checkpoint, last.ckpt and the other callbacks; their settings, like every default,
-        # are in DEFAULT_CONFIG.
+        # The best checkpoint, last.ckpt and the other callbacks; their settings are in DEFAULT_CONFIG.
         for section, callback in CALLBACKS.items():
             parser.add_lightning_class_args(callback, section)
         # The DataModule knows the classes, channels and image size; the model is told, so they are never stated
@@ -120,9 +119,7 @@ class ClassificationCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
-        if self.subcommand != "fit":
-            # Evaluating a checkpoint restores its ModelCheckpoint state too; that the new run
-            # directory differs from the training one is expected, not worth a warning.
+        if self.subcommand != "fit":  # evaluating restores the ModelCheckpoint state: a new directory is expected
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
         settle_trainer(config.trainer)
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None

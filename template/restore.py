@@ -1,26 +1,15 @@
 """The one way in from a checkpoint: read it, and its run's record, as data, never as a program.
 
-A checkpoint or a run directory may come from anyone. What this program takes from one is a closed
-schema: the LightningModule, its network, optimizer and LR schedule, and the DataModule, each as a
-*name from the registry* with literal arguments (numbers, strings, booleans, and lists or mappings of
-them, each of the type its parameter declares); the class names, the trained input shape, the
-preprocessing record and the tensors (``weights_only``, checked against their digest). A name outside
-the registry is refused with one line naming the file, the key and the name: nothing is imported or
-called, no string is parsed as YAML and nothing is opened as a path.
+What is taken from a file is a closed schema: the LightningModule, its network, optimizer and LR schedule,
+and the DataModule, each a *name from the registry* with literal arguments of the types their parameters
+declare; the class names, trained input shape, preprocessing record and tensors (``weights_only``, checked
+against their digest). Anything else is refused with one line naming the file, key and value, before
+anything is imported or called. Where files are read or written and what the Trainer, loggers and
+callbacks do come from the user's own options; a resumed fit also takes its run's literal Trainer settings.
 
-Which code runs and where files go is never the file's to say: the Trainer, logger, callbacks,
-profiler, predictions and cache come from the recipe's defaults and the user's own options, and so
-does every place the data is read from (``--data.root``). Resuming a fit takes, besides, the literal
-Trainer settings that make the run the same (epochs, precision, accumulation, clipping...).
-
-The registry: this package's networks, DataModules, schedules and LightningModule, torchvision's
-classification builders (``torchvision.models.list_models``), torch's optimizers and LR schedulers,
-and what a user registers in their own code, which their own ``--model`` or ``--config`` imports::
-
-    from template.restore import register
-
-    @register
-    class MyNet(nn.Module): ...
+The registry: this package's networks, DataModules, schedules and module, torchvision's builders, torch's
+optimizers and schedulers, and classes a user registers (``@template.restore.register``) or names in their
+own command line or ``--config``.
 """
 
 import collections.abc
@@ -102,27 +91,26 @@ def registry() -> dict[str, tuple[str, Any]]:
         import template.nets
         import template.schedule
 
-        namespaces = [(template.nets, None), (template.data, None), (template.schedule, None), (torch.optim, None),
-                      (torch.optim.lr_scheduler, None)]  # fmt: skip
-        for module, _ in namespaces:
+        modules = [template.nets, template.data, template.schedule, torch.optim, torch.optim.lr_scheduler]
+        modules += [module for name, module in list(sys.modules.items()) if name.startswith("torchvision.models")]
+        for module in modules:  # their classes, and functions that build a network (template.nets.timm_net)
             for attribute, obj in vars(module).items():
-                made = typing.get_type_hints(obj).get("return") if inspect.isfunction(obj) else obj  # a builder's
-                kind = next((k for k, b in KINDS.items() if isinstance(made, type) and issubclass(made, b)), None)
+                kind = kind_of(return_type(obj) if inspect.isfunction(obj) else obj)
                 if kind and not attribute.startswith("_") and not inspect.isabstract(obj):
-                    _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = (
-                        kind, obj)  # fmt: skip
-        for module in [m for name, m in sys.modules.items() if name.startswith("torchvision.models")]:
-            for attribute, obj in vars(module).items():  # its network classes and their blocks (ResNet, BasicBlock)
-                if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__.startswith("torchvision"):
-                    entry = ("net", obj)
+                    entry = (kind, obj)
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
         for model in torchvision.models.list_models(module=torchvision.models):
             builder = torchvision.models.get_model_builder(model)
-            _built[f"torchvision.models.{model}"] = _built[f"{builder.__module__}.{builder.__name__}"] = (
-                "net",
-                builder,
-            )
+            entry = ("net", builder)
+            _built[f"torchvision.models.{model}"] = _built[f"{builder.__module__}.{builder.__name__}"] = entry
     return {**_built, **_registered}
+
+
+def return_type(function: Any) -> Any:
+    try:
+        return typing.get_type_hints(function).get("return")
+    except Exception:  # an annotation that does not resolve here
+        return None
 
 
 class Refused(UnsafeCheckpointError):
@@ -331,8 +319,7 @@ def restore(
     if "_class_path" in data_hparams:
         key = "datamodule_hyper_parameters"
         data = lookup(data_hparams["_class_path"], "data", f"{key}._class_path", source, set(own))
-        places = [name for name, annotation in parameters(data)[0].items() if is_path(annotation) or name in PLACES]
-        init_args = arguments(data, data_hparams, key, source, set(own), skip=tuple(places))
+        init_args = arguments(data, data_hparams, key, source, set(own), skip=PLACES)
         class_names = hparams.get("class_names")
         if "classes" in parameters(data)[0] and conforms(class_names, list[str]) and not init_args.get("classes"):
             init_args["classes"] = class_names  # a folder's classes in the trained order, with no folder to read

@@ -8,7 +8,6 @@ weights file that is not in the cache is an error naming the file and the folder
 ``weights_file`` is read in place of the cache, with the same head rule.
 """
 
-import hashlib
 import math
 from enum import Enum
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+
+from template.checkpoints import check_hub_file
 
 
 def weights_of(init_args: dict) -> Any:
@@ -101,23 +102,6 @@ def check_cached(weights: Any) -> Path:
             "hub/checkpoints holds it; nothing is downloaded during a run"
         )
     return check_hub_file(path, weights.url)
-
-
-def check_hub_file(path: Path, url: str) -> Path:
-    """``path``, refused if its contents do not match the hash prefix in its name (torch hub's convention,
-    ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
-    expected = torch.hub.HASH_REGEX.search(path.name)
-    if expected is not None:
-        digest = hashlib.sha256()
-        with path.open("rb") as file:
-            while chunk := file.read(1 << 20):
-                digest.update(chunk)
-        if not digest.hexdigest().startswith(expected.group(1)):
-            raise ValueError(
-                f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
-                f"not the published file); replace it with {url}"
-            )
-    return path
 
 
 def replace_head(net: nn.Module, num_classes: int) -> nn.Linear | None:

@@ -20,8 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from template.checkpoints import read_weights, strip_prefixes
-from template.nets.pretrained import check_hub_file
+from template.checkpoints import (  # one name a line: a renamed project's longer package name fits
+    check_hub_file,
+    read_weights,
+    strip_prefixes,
+)
 
 INSTALL = "timm is not installed: pip install -e '.[timm]' (the dev extra has it too)"
 # Options that name a file or weights to load: only through `pretrained` and `pretrained_file`.
