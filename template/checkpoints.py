@@ -34,11 +34,10 @@ class DamagedCheckpointError(CheckpointError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, with what it lacks: a digest of the tensors in every file (verified,
-    and the file paths of its ModelCheckpoint states that lie outside its directory dropped, when one is
-    read back), data on disk before the rename that makes it visible (fsync), a failed write that says
-    why (a full disk, naming the directory) with the previous file intact, and the temporary files of
-    writers that died removed by the next write."""
+    """Lightning's checkpoint writer with what its atomic save lacks (it writes in the system's temporary folder,
+    then moves the file over: from another disk, a copy that a kill leaves half done): the temporary file beside
+    the target, never a followed link, on disk (fsync) before the rename; a failed write that says why (a full
+    disk names the directory), the previous file intact; dead writers' temporary files removed; a digest."""
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -54,7 +53,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path.parent)
         buffer = io.BytesIO()  # serialised first, as Lightning does: a failed write is then the file's, with its errno
-        torch.save(with_digest(checkpoint), buffer)
+        torch.save({**checkpoint, INTEGRITY_KEY: {"algorithm": "sha256", "tensors": tensor_digest(checkpoint)}}, buffer)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             temporary.unlink(missing_ok=True)  # and created anew, never followed: a planted link writes nowhere
@@ -64,39 +63,33 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
-        except OSError as error:
+        except BaseException as error:
             temporary.unlink(missing_ok=True)
+            if not isinstance(error, OSError):
+                raise
             kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
             full = error.errno in (errno.ENOSPC, errno.EDQUOT)
             reason = f"the disk is full ({path.parent})" if full else (error.strerror or str(error))
             raise OSError(error.errno, f"could not write checkpoint {path}: {reason}; {kept}") from error
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # make the rename itself durable
         finally:
             os.close(directory)
-        return None
 
 
 def remove_stale_temporaries(directory: Path) -> None:
     """Remove the temporary checkpoint files (``.<name>.<pid>.tmp``) of writers no longer running."""
     for stale in directory.glob(".*.tmp"):
         pid = stale.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
+        except ProcessLookupError:
             stale.unlink(missing_ok=True)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        except PermissionError:  # another user's process, alive
+            pass
 
 
 def check_checkpoint_is_safe(path: str | Path) -> None:
@@ -135,30 +128,30 @@ LAYOUT = {
 
 
 def read_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
-    """A Lightning checkpoint, on the CPU, after every check of an untrusted file: no pickled objects,
-    the layout of a checkpoint and, when its ``tensors`` are read (not only memory-mapped), tensors
-    equal to the digest written with them. What its hyper-parameters name is ``template.restore``'s."""
-    check_checkpoint_is_safe(path)
-    try:  # memory-mapped where the format allows: only the pickled dictionary is read now
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not tensors)
-    except RuntimeError as error:
-        if "mmap" not in str(error):
-            raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
-    check_layout(checkpoint, path)
-    if tensors:
-        verify_digest(checkpoint, str(path))
-    return checkpoint
-
-
-def check_layout(checkpoint: Any, path: str | Path) -> None:
-    """Refuse a file that is not a Lightning checkpoint, or whose entries have the wrong types."""
+    """``load_checkpoint``, for a Lightning checkpoint only. What its hyper-parameters name is
+    ``template.restore``'s."""
+    checkpoint = load_checkpoint(path, tensors)
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         raise CheckpointError(
             f"{path} is not a Lightning checkpoint (no pytorch-lightning_version: a plain state_dict, or another "
             "tool's file). --ckpt_path takes the .ckpt files of a run; to start from these weights, load them into "
             "the network with template.checkpoints.load_weights."
         )
+    return checkpoint
+
+
+def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
+    """A ``torch.save`` file on the CPU, with ``weights_only=True`` after the safety check; a Lightning checkpoint
+    also after a check of its layout and, when its ``tensors`` are read (not only memory-mapped), of its digest."""
+    check_checkpoint_is_safe(path)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not tensors)
+    except RuntimeError as error:
+        if tensors or "mmap" not in str(error):
+            raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
+    if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+        return checkpoint
     for key, kind in LAYOUT.items():
         if key in checkpoint and not isinstance(checkpoint[key], kind):
             raise DamagedCheckpointError(
@@ -166,15 +159,7 @@ def check_layout(checkpoint: Any, path: str | Path) -> None:
             )
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["state_dict"].items()):
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a file saved with ``torch.save`` on the CPU with ``weights_only=True``, after the safety
-    check; a Lightning checkpoint also after every check of ``read_checkpoint``."""
-    check_checkpoint_is_safe(path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
-        check_layout(checkpoint, path)
+    if tensors:
         verify_digest(checkpoint, str(path))
     return checkpoint
 
@@ -206,12 +191,8 @@ def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor
 
 
 def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True) -> None:
-    """Load network weights from a Lightning checkpoint, a state_dict file or a state_dict.
-
-    Keys are matched after dropping ``module.``/``_orig_mod.`` wrapper prefixes and the
-    LightningModule's ``net.`` prefix. With ``strict`` any missing or unexpected key is an
-    error that lists them by name; without, they are printed and the rest is loaded.
-    """
+    """Load network weights from a Lightning checkpoint, a state_dict file or a state_dict, matched as
+    ``match_keys`` does. With ``strict`` a key that does not match is an error naming it; without, a line."""
     state_dict = load_checkpoint(source) if isinstance(source, str | Path) else source
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     report = []
@@ -250,28 +231,21 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
-    """Start ``net`` from the weights in ``path`` (fine-tuning from a file), printing a report.
-
-    Every tensor is loaded but the classifier ``head``'s (a module name, such as ``fc``), which keeps
-    its fresh weights when the file's are another shape (another class count) or absent. Anything
-    else that does not match (another shape, a tensor the network lacks or the file lacks, no tensor
-    in common) means the file holds another network (resnet34's weights for a resnet18 share the
-    first 120 tensors): an error naming the tensors, not a network half trained and half new.
-    """
+    """Start ``net`` from the weights in ``path``, all but the classifier ``head``'s (a module name, such as
+    ``fc``) where the file's are another shape (another class count) or absent. Any other mismatch means another
+    network (resnet34's weights for a resnet18 share the first 120 tensors): an error naming the tensors, not a
+    network half trained and half new."""
     state_dict = read_weights(path)
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     in_common = set(stripped) & set(net.state_dict())
-    outside_head = []  # (what, keys): the mismatches that are not the classifier's
+    found = []  # the mismatches that are not the classifier's
     for what, keys in (("other shapes", mismatched), ("not in the network", unexpected), ("not in the file", missing)):
         if others := [key for key in keys if not key.startswith(f"{head}.")]:
-            outside_head.append((what, others))
-    if outside_head or not in_common:
-        found = "; ".join(
-            f"{len(keys)} {what} ({', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''})"
-            for what, keys in outside_head
-        )
+            found.append(f"{len(others)} {what} ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''})")
+    if found or not in_common:
         raise ValueError(
-            f"weights_file {path} is not of this network ({type(net).__name__}): {found or 'no tensor in common'}. "
+            f"weights_file {path} is not of this network ({type(net).__name__}): "
+            f"{'; '.join(found) or 'no tensor in common'}. "
             "Give the weights of the same architecture as model.net, or choose the network they belong to"
         )
     loaded = len(in_common) - len(mismatched)
@@ -282,11 +256,8 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
-    """Return the best or last checkpoint of the most recent run under ``runs_dir``.
-
-    The most recent run is the one whose ``checkpoints/last.ckpt`` was written last, so a
-    `validate` or `test` run (which writes no checkpoints) never hides the run it evaluated.
-    """
+    """The best or last checkpoint of the run under ``runs_dir`` whose ``checkpoints/last.ckpt`` was written
+    last: a `validate` or `test` run (which writes no checkpoints) never hides the run it evaluated."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir = Path(runs_dir)
@@ -331,27 +302,16 @@ def _tensors(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
             yield from _tensors(item, f"{key}[{index}]")
 
 
-def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The values of ``tensor`` as raw bytes in row-major order, whatever its dtype (bfloat16 has no
-    numpy one), device or layout."""
-    tensor = tensor.detach().cpu()
-    tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
-    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data
-
-
 def tensor_digest(checkpoint: dict) -> str:
     """SHA-256 of every tensor in ``checkpoint``: name, dtype, shape and bytes, in name order."""
     digest = hashlib.sha256()
     for name, tensor in sorted(_tensors(checkpoint), key=lambda item: item[0]):
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        if tensor.numel():
-            digest.update(tensor_bytes(tensor))
+        if tensor.numel():  # the values' bytes in row-major order, whatever the dtype (bfloat16 has no numpy one)
+            tensor = tensor.detach().cpu()
+            tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
-
-
-def with_digest(checkpoint: dict) -> dict:
-    """``checkpoint`` plus the digest of its tensors, for ``verify_digest`` when it is read back."""
-    return {**checkpoint, INTEGRITY_KEY: {"algorithm": "sha256", "tensors": tensor_digest(checkpoint)}}
 
 
 def verify_digest(checkpoint: dict, source: str) -> None:
@@ -360,31 +320,21 @@ def verify_digest(checkpoint: dict, source: str) -> None:
     if record is None:
         rank_zero_info(f"{source} carries no digest of its tensors (not written by this project): not verified")
         return
-    if (
-        not isinstance(record, dict)
-        or record.get("algorithm") != "sha256"
-        or not isinstance(record.get("tensors"), str)
-    ):
+    written = record.get("tensors") if isinstance(record, dict) and record.get("algorithm") == "sha256" else None
+    if not isinstance(written, str):
         raise DamagedCheckpointError(f"{source}: its {INTEGRITY_KEY} record is malformed: {record!r}")
-    if tensor_digest(checkpoint) != record["tensors"]:
+    if tensor_digest(checkpoint) != written:
         raise DamagedCheckpointError(
             f"{source} is damaged: its tensors differ from the digest written with them (bit rot, a truncated "
             "or altered copy). Use another checkpoint, such as last.ckpt or an earlier best-*.ckpt."
         )
 
 
-_WARNED: set[tuple[str, str]] = set()
-MODEL_CHECKPOINT_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
-
-
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
-    """Keep, in the ModelCheckpoint states of ``checkpoint``, only the paths of .ckpt files that resolve
-    inside the directory the checkpoint itself lies in, and only where that is a run's checkpoints/
-    folder (beside the run's config.yaml); elsewhere (a download folder, say) drop them all.
-
-    Lightning deletes the files these paths name when better ones replace them, and its own check
-    that they lie inside the checkpoint directory compares text, which ``..`` and links get past.
-    """
+    """Keep, in the ModelCheckpoint states of ``checkpoint``, only the paths of .ckpt files beside it, and only
+    where it lies in a run's checkpoints/ folder (beside the run's config.yaml): Lightning deletes the files these
+    paths name when better ones replace them, and its own check that they lie inside the checkpoint directory
+    compares text, which ``..`` and links get past."""
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
@@ -398,7 +348,7 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
         if not (isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, dict)):
             continue
         dropped = []
-        for key in MODEL_CHECKPOINT_PATHS:
+        for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
             if state.get(key) and not inside(state[key]):
                 dropped.append(f"{key}={state[key]!r}")
                 state[key] = ""
@@ -406,10 +356,9 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
         if isinstance(best_k, dict):
             dropped += [f"best_k_models[{path!r}]" for path in best_k if not inside(path)]
             state["best_k_models"] = {path: score for path, score in best_k.items() if inside(path)}
-        # Said once, and only where it is news: a checkpoint copied out of its run (a download) is expected to
-        # point elsewhere; one in a run's checkpoints/ folder that points outside it was edited.
-        if dropped and in_a_run and (str(checkpoint_path), name) not in _WARNED:
-            _WARNED.add((str(checkpoint_path), name))
+        # Only where it is news: a checkpoint copied out of its run (a download) is expected to point elsewhere.
+        # Python's warnings show a message repeated from one place once.
+        if dropped and in_a_run:
             rank_zero_warn(
                 f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve inside "
                 f"{directory}: {', '.join(dropped)} (resuming, Lightning would replace and delete the files they name)"

@@ -10,14 +10,11 @@ from template.nets.pretrained import head_and_backbone
 
 
 class FreezeBackbone(BaseFinetuning):
-    """Freeze everything but the classifier head (the network's last ``nn.Linear``) until epoch
-    ``unfreeze_at_epoch``, then train the backbone too at ``backbone_lr_ratio`` times the head's
-    learning rate, its weights decayed and its norms and biases not, as the recipe's groups are.
+    """Freeze all but the classifier head (the network's last ``nn.Linear``) until ``unfreeze_at_epoch``, then
+    train the backbone too at ``backbone_lr_ratio`` times the head's learning rate, in the recipe's groups.
 
-    A fresh head on frozen features finds its feet without sending large, random gradients back
-    into pretrained weights; the lower rate then adapts those weights without undoing them. The
-    schedule (``WarmupCosine``) carries the backbone's groups along from the step they join.
-    Built on Lightning's ``BaseFinetuning``, which also restores the groups on resume.
+    A fresh head on frozen features sends no large, random gradients back into pretrained weights; the lower
+    rate then adapts them without undoing them. Lightning's ``BaseFinetuning`` restores the groups on resume.
 
     Args:
         unfreeze_at_epoch: the first epoch that trains the backbone (0: never frozen).

@@ -28,16 +28,15 @@ def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
 
 
 def current_lr(trainer: L.Trainer) -> float:
-    """The learning rate of the first parameter group now."""
     return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
 
 
 class TrainingMonitor(Callback):
-    """Images/s and epoch time, train and val loss on one chart, a confusion matrix and the
-    misclassified validation images in TensorBoard, and the epoch metrics in ``metrics.csv``.
+    """Images/s and epoch time, train and val loss on one chart, a confusion matrix and the misclassified
+    validation images in TensorBoard, and the epoch metrics in ``metrics.csv`` (``rows``).
 
-    Cheap by design: nothing is synchronised per step; the confusion matrix accumulates on
-    the device during validation and is drawn once per validation.
+    Cheap by design: nothing is synchronised per step (Lightning's ThroughputMonitor synchronises the GPU at every
+    step, and its figures never reach metrics.csv); the confusion matrix accumulates on the device.
 
     Args:
         misclassified: how many misclassified validation images to show (0: none).
@@ -51,30 +50,24 @@ class TrainingMonitor(Callback):
         self._images = 0
         self._confusion: MulticlassConfusionMatrix | None = None
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
-        self._rows: list[dict] = []
+        self.rows: list[dict] = []
         self._before: dict = {}
         self._lr: float | None = None  # the learning rate the epoch started with
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
-    @property
-    def rows(self) -> list[dict]:
-        """The epochs' rows of metrics.csv so far."""
-        return self._rows
-
     def state_dict(self) -> dict:
         self._write_row()
-        return {"rows": self._rows}  # so that a resumed run's metrics.csv keeps the epochs before it
+        return {"rows": self.rows}  # so that a resumed run's metrics.csv keeps the epochs before it
 
     def load_state_dict(self, state_dict: dict) -> None:
         rows = state_dict.get("rows")
-        # From a checkpoint, so untrusted: numbers under metric names only (never a name a
-        # spreadsheet would run as a formula).
+        # From a checkpoint, so untrusted: numbers under metric names only (never a spreadsheet's formula).
         if isinstance(rows, list) and all(
             isinstance(row, dict)
             and all(isinstance(k, str) and METRIC_NAME.match(k) and isinstance(v, int | float) for k, v in row.items())
             for row in rows
         ):
-            self._rows = rows
+            self.rows = rows
 
     @staticmethod
     def _tensorboard(trainer: L.Trainer):
@@ -90,13 +83,10 @@ class TrainingMonitor(Callback):
         self._write_row()
         self._epoch_start, self._images = time.perf_counter(), 0
         self._train_end = self._epoch_start
-        # callback_metrics keeps every value until it is logged again: one logged only at some
-        # steps (train/grad_norm, the LR) or a validation that did not run this epoch would
-        # repeat in every row after it. Each value logged or computed anew is a new tensor, so
-        # the ones still the same objects at the epoch's end are from an earlier epoch.
+        # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
+        # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
-        # The learning rate the epoch starts with (the first group's): a schedule that collapsed shows.
-        self._lr = current_lr(trainer)
+        self._lr = current_lr(trainer)  # the first group's: a schedule that collapsed shows
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
@@ -108,9 +98,8 @@ class TrainingMonitor(Callback):
         speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
         for name, value in speed.items():
             pl_module.log(name, value)
-        # Lightning calls the module's on_train_epoch_end after this one, and a module may log its
-        # epoch metrics there (ours logs train/acc): the row waits for the first hook after it, the
-        # saving of a checkpoint (which carries the rows), the next epoch, or the end of training.
+        # The module's on_train_epoch_end, after this, may log epoch metrics (ours: train/acc): the row waits
+        # for the next hook of ours (a checkpoint's state, the next epoch, the end of training).
         lr = self._lr if self._lr is not None else current_lr(trainer)  # a resume mid-epoch started none
         row, self._lr = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": lr}, None
         self._pending = (trainer, row, speed)
@@ -119,19 +108,17 @@ class TrainingMonitor(Callback):
         if self._pending is None:
             return
         (trainer, row, speed), self._pending = self._pending, None
-        # Reading the metrics computes the epoch's, and those synced across DDP ranks sync then:
-        # every rank reads, so that every rank joins that collective here, in step. Validation
-        # and the module's epoch end ran before, so they hold this epoch's train and val metrics.
+        # Every rank reads: reading computes the epoch's metrics, and those synced across DDP ranks sync then.
         metrics = trainer.callback_metrics
         if not trainer.is_global_zero or not trainer.loggers or (run_dir := run_directory(trainer)) is None:
             return
         metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1 and v is not self._before.get(k)}
-        self._rows.append({**row, **metrics, **speed})
-        fields = list(dict.fromkeys(key for row in self._rows for key in row))
+        self.rows.append({**row, **metrics, **speed})
+        fields = list(dict.fromkeys(key for row in self.rows for key in row))
         with (Path(run_dir) / self.csv_name).open("w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=fields)
             writer.writeheader()
-            writer.writerows(self._rows)
+            writer.writerows(self.rows)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_row()
@@ -158,20 +145,18 @@ class TrainingMonitor(Callback):
         writer = self._tensorboard(trainer)
         if writer is None or not trainer.is_global_zero:
             return
-        names = getattr(pl_module, "class_names", None)
-        writer.add_image("val/confusion_matrix", heatmap(matrix.cpu()), global_step=trainer.global_step)
-        rows = [f"{names[i] if names else i}: {' '.join(str(int(n)) for n in row)}" for i, row in enumerate(matrix)]
-        writer.add_text(
-            "val/confusion_matrix", "rows true, columns predicted  \n" + "  \n".join(rows), trainer.global_step
-        )
-        if self._wrong:
-            writer.add_image("val/misclassified", self._grid(trainer), global_step=trainer.global_step)
-            shown = ", ".join(f"{names[t] if names else t}->{names[p] if names else p}" for _, t, p in self._wrong)
-            writer.add_text("val/misclassified", f"true->predicted, left to right: {shown}", trainer.global_step)
-
-    def _grid(self, trainer: L.Trainer) -> torch.Tensor:
+        names = getattr(pl_module, "class_names", None) or [str(k) for k in range(len(matrix))]
+        step = trainer.global_step
+        writer.add_image("val/confusion_matrix", heatmap(matrix.cpu()), global_step=step)
+        rows = [f"{names[i]}: {' '.join(map(str, row))}" for i, row in enumerate(matrix.tolist())]
+        writer.add_text("val/confusion_matrix", "  \n".join(["rows true, columns predicted", *rows]), step)
+        if not self._wrong:
+            return
         images = torch.stack([image for image, _, _ in self._wrong]).float()
         data = trainer.datamodule
         if getattr(data, "mean", None) is not None and len(data.mean) == images.shape[1]:
             images = images * data.std.view(1, -1, 1, 1) + data.mean.view(1, -1, 1, 1)  # undo normalisation
-        return make_grid(images.clamp(0, 1), nrow=8, padding=1, pad_value=1.0)
+        grid = make_grid(images.clamp(0, 1), nrow=8, padding=1, pad_value=1.0)
+        writer.add_image("val/misclassified", grid, global_step=step)
+        shown = ", ".join(f"{names[t]}->{names[p]}" for _, t, p in self._wrong)
+        writer.add_text("val/misclassified", f"true->predicted, left to right: {shown}", step)

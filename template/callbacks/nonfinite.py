@@ -13,8 +13,8 @@ class NonFiniteError(RuntimeError):
 
 
 def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str) -> None:
-    """Raise NonFiniteError naming the step (global step, epoch, batch index, or None when only
-    another rank knows it), what was not finite there, and how far training got."""
+    """Raise NonFiniteError naming the step (global step, epoch, batch index; None: another rank's), what was
+    not finite there, and how far training got."""
     if where is None:
         what, place = "loss or gradient norm", "on another rank"
     else:
@@ -35,21 +35,15 @@ def gradient_norm(optimizer: Optimizer, device: torch.device) -> torch.Tensor:
 
 
 class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step, for any LightningModule.
-
-    A NaN spreads into every weight at the next step and never leaves; caught before the
-    step, the last checkpoints stay good. The check costs one device sync a step. With
-    ``16-mixed`` the gradient scaler already skips steps with overflowing gradients, so
-    only the loss is checked then.
+    """Checks the loss and the gradient norm before every optimizer step, for any LightningModule: a NaN spreads
+    into every weight at the next step, so caught before it, the last checkpoints stay good. One device sync a
+    step. With ``16-mixed`` the gradient scaler already skips overflowing steps: only the loss is checked.
 
     Args:
-        skip: skip such steps (their gradients are dropped) and count them in
-            ``train/skipped_steps`` instead of stopping.
-        check_every_n_steps: look at the values (one device sync) only every this many steps,
-            and before every validation and checkpoint, for GPU runs whose small steps a sync
-            would stall. A non-finite step is then named when found, and no checkpoint is
-            written after it, but the steps up to the check have touched the weights in
-            memory. 1 (the default) stops before the step; ``skip`` needs 1.
+        skip: skip such steps (their gradients dropped), counted in ``train/skipped_steps``, instead of stopping.
+        check_every_n_steps: look (one sync) only every this many steps and before every validation and
+            checkpoint, for GPU runs whose small steps a sync would stall: the steps up to the check then touch
+            the weights in memory, but no checkpoint is written after a bad one. ``skip`` needs 1.
     """
 
     def __init__(self, skip: bool = False, check_every_n_steps: int = 1) -> None:
@@ -70,8 +64,7 @@ class NonFiniteGuard(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx
         if self.skip:
-            # The forward pass has updated BatchNorm's running statistics by the time the loss
-            # is known; a skipped step must put them back too. Buffers are small.
+            # The forward pass updates BatchNorm's running statistics: a skipped step puts them back too.
             self._buffers = [buffer.detach().clone() for buffer in pl_module.buffers()]
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -93,8 +86,7 @@ class NonFiniteGuard(Callback):
             return
         # Scalars read back: no kernel launched to compare them; on a GPU the first syncs, the second is free.
         finite = math.isfinite(loss.item()) and math.isfinite(grad_norm.item())
-        # Gradients are already averaged across DDP ranks, but the loss is each rank's own:
-        # all ranks must agree, or one stops while the others wait for it forever.
+        # The loss is each rank's own: all ranks must agree, or one stops while the others wait for it forever.
         if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
         if self.skip:
@@ -125,8 +117,7 @@ class NonFiniteGuard(Callback):
             stop(None, 0.0, 0.0, how)
         stop(where[bad[0]], *values[bad[0]].tolist(), how)
 
-    # Before anything reads or saves the weights: validation (checkpoints follow it), the
-    # epoch's end, a checkpoint written at any other time, and the end of training.
+    # Before anything reads or saves the weights.
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.check_pending(trainer)
 

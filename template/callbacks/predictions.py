@@ -15,9 +15,8 @@ def spreadsheet_safe(cell: str) -> str:
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Saves one row per predicted image: its id, the top class name and probability, then the class
-    and probability of each next most probable class, each in a column of its own (class names may
-    hold any character). Text cells are written so that a spreadsheet never runs them as formulas.
+    """Saves one row per predicted image: its id, then the ``top_k`` most probable classes and their
+    probabilities, each in a column of its own (class names may hold any character), never as formulas.
 
     Args:
         filename: name of the CSV inside the run directory.
@@ -39,20 +38,14 @@ class PredictionWriter(BasePredictionWriter):
         sample_ids = getattr(trainer.datamodule, "predict_ids", None)
         class_names = getattr(pl_module, "class_names", None) or [str(k) for k in range(probabilities.shape[1])]
         top_p, top_class = probabilities.topk(min(self.top_k, probabilities.shape[1]), dim=1)
-
         name = self.filename if trainer.world_size == 1 else f"{Path(self.filename).stem}-rank{trainer.global_rank}.csv"
         path = Path(trainer.log_dir or ".") / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        ranks = range(2, top_class.shape[1] + 1)  # the most probable class is class_name itself
-        header = [
-            "sample",
-            "class_name",
-            "probability",
-            *(f"top{r}_{c}" for r in ranks for c in ("class", "probability")),
-        ]
+        # The most probable class is class_name itself; the next ones are top2_class, top2_probability...
+        others = [f"top{r}_{c}" for r in range(2, top_class.shape[1] + 1) for c in ("class", "probability")]
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(header)
+            writer.writerow(["sample", "class_name", "probability", *others])
             for row, index in enumerate(indices):
                 cells = [str(sample_ids[index] if sample_ids is not None else index)]
                 for k, p in zip(top_class[row].tolist(), top_p[row].tolist()):

@@ -49,22 +49,15 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 class ResumeState(Callback):
     """Exact resume: the random-number state in every checkpoint, and a checkpoint on SIGTERM.
 
-    Random state. The shuffling order does not need it (the sampler derives it from seed and
-    epoch, and the DataLoaders draw from generators of their own), but augmentation and
-    dropout draw from the global generators: without them a resumed run would diverge from an
-    uninterrupted one. Nothing draws from them between the checkpoint and the next batch
-    (Lightning isolates the sanity check), so ``on_train_start`` restores the exact state for
-    a checkpoint taken at an epoch's end and for one taken mid-epoch alike.
+    Augmentation and dropout draw from the global generators (the shuffling order does not), so a resumed run
+    needs their state not to diverge from an uninterrupted one. Nothing draws from them between a checkpoint and
+    the next batch (Lightning isolates the sanity check): ``on_train_start`` restores them exactly.
 
-    Pre-emption. On SIGTERM, Lightning raises a ``SIGTERMException`` after the running optimizer
-    step, on every rank; this writes ``preempted_filename`` next to the other checkpoints first,
-    and the CLI exits with status 143 and says how to resume. Under SLURM, Lightning's own
-    SIGUSR1 handler saves and requeues (see scripts/slurm.sbatch).
-
-    Lightning's handler only sets a flag, which its loops read after each batch. A SIGTERM that
-    arrives outside the batches (in an epoch-end hook, while a checkpoint is written), or a
-    second one, ends the process at once (status 143, the ranks it launched killed): nothing
-    would read the flag soon, and a hung run (a deadlocked collective) would never read it.
+    On SIGTERM, Lightning raises ``SIGTERMException`` after the running optimizer step, on every rank; this writes
+    ``preempted_filename`` beside the other checkpoints, and the CLI exits with status 143 and says how to resume
+    (under SLURM, Lightning's SIGUSR1 handler saves and requeues: scripts/slurm.sbatch). Lightning's handler only
+    sets a flag, read after each batch: a SIGTERM outside the batches (an epoch-end hook, a checkpoint being
+    written, a deadlocked collective), or a second one, ends the process at once (143, its ranks killed).
     """
 
     def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
@@ -91,9 +84,8 @@ class ResumeState(Callback):
         self._in_batches, self._first_sigterm = False, None
         if threading.current_thread() is not threading.main_thread():
             return  # set_wakeup_fd is for the main thread only, where signals are handled
-        # Python runs signal handlers in the main thread between bytecodes: never while it waits in
-        # a C++ collective, and a wait in Python resumes after the handler. The C-level handler
-        # writes each signal's number to the wakeup fd at once, for a thread to see it.
+        # Python runs signal handlers in the main thread between bytecodes, never while it waits in a C++
+        # collective; the C-level handler writes each signal's number to the wakeup fd at once, for a thread.
         read, write = os.pipe()
         os.set_blocking(write, False)  # a signal handler must never block on a full pipe
         previous = signal.set_wakeup_fd(write)
@@ -132,9 +124,8 @@ class ResumeState(Callback):
         os.close(write)
         self._watch = None
 
-    # Lightning reads its flag after every batch but a loop's last (and between batches, only the
-    # next one is loaded). After the last come hooks (validation's end, the epoch's end, with
-    # collectives and checkpoints) where a run can block, and Lightning reads it after those only.
+    # Lightning reads its flag after every batch but a loop's last: the hooks after that one (with collectives
+    # and checkpoints), where a run can block, come before its next read.
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._in_batches = True
 
@@ -152,19 +143,15 @@ class ResumeState(Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         try:
-            self._save_on_sigterm(trainer, exception)
+            if isinstance(exception, SIGTERMException) and trainer.checkpoint_callback is not None:
+                directory = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
+                self.preempted = Path(directory) / self.preempted_filename
+                trainer.save_checkpoint(self.preempted)
+                if trainer.is_global_zero:
+                    print(
+                        f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {self.preempted}. "
+                        f"Resume with the same options and --ckpt_path {self.preempted}",
+                        file=sys.stderr,
+                    )
         finally:
             self._stop_watching()  # only now: a second SIGTERM while it saves still ends the process
-
-    def _save_on_sigterm(self, trainer: L.Trainer, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
-            return
-        directory = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
-        self.preempted = Path(directory) / self.preempted_filename
-        trainer.save_checkpoint(self.preempted)
-        if trainer.is_global_zero:
-            print(
-                f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {self.preempted}. "
-                f"Resume with the same options and --ckpt_path {self.preempted}",
-                file=sys.stderr,
-            )

@@ -64,11 +64,8 @@ def environment_record(trainer: L.Trainer | None = None) -> dict:
 
 
 def run_directory(trainer: L.Trainer) -> str | None:
-    """``trainer.log_dir`` as rank 0 knows it, without the broadcast that makes every rank ask.
-
-    For code that only rank 0 runs: a collective there, which the other ranks never join (or
-    join at another point, in another collective), hangs the run.
-    """
+    """``trainer.log_dir`` without its broadcast, for code only rank 0 runs: a collective the other ranks never
+    join (or join elsewhere, in another collective) hangs the run."""
     if not trainer.loggers:
         return trainer.default_root_dir
     logger = trainer.loggers[0]
@@ -76,12 +73,9 @@ def run_directory(trainer: L.Trainer) -> str | None:
 
 
 class RunRecord(SaveConfigCallback):
-    """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does) and ``env.json``
-    into the run directory at the start of every run (``env-2.json``... on a resume), and, with trackers
-    beside TensorBoard, ``trackers.json`` (``template.tracking``).
-
-    One callback for both: every callback costs a few µs at each of a training step's hooks.
-    """
+    """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does), ``env.json`` (``env-2.json``...
+    on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``). One callback
+    for all: every callback costs a few µs at each of a training step's hooks."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's hook for records besides config.yaml: on rank 0 only, once a run.
@@ -99,9 +93,8 @@ class RunRecord(SaveConfigCallback):
             record_trackers(trackers, loggers_of(self.config)[1:], config, run_dir)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """A command that failed before it produced anything leaves no run directory behind: remove
-        one that holds only what the start of a run writes. One with a checkpoint, or whose fit took
-        a step (its curves show how it failed), stays."""
+        """Remove the run directory of a command that failed before it produced anything: one with a checkpoint,
+        or whose fit took a step (its curves show how it failed), stays."""
         if not trainer.is_global_zero or not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
         run_dir = Path(log_dir)
