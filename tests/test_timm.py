@@ -15,6 +15,8 @@ from safetensors.torch import save_file
 
 from template.cli import cli
 from template.commands import main
+from template.data import ImageFolderDataModule
+from template.data.cache import decode
 from template.module import ClassificationModule
 from template.nets import ResNetSmall, timm_net
 
@@ -80,7 +82,7 @@ def test_the_data_follows_the_weights_preprocessing_unless_given_with_a_note(hf_
     config = timm.get_pretrained_cfg(NAME)
     data = built(clone).datamodule
     assert data.image_size == (224, 224) and data.resize_size == (256, 256)  # 224 / crop_pct 0.875
-    assert data.given_stats == (list(config.mean), list(config.std))
+    assert data.given_stats == (list(config.mean), list(config.std)) and data.interpolation == "bicubic"
     assert "note:" not in caplog.text
 
     data = built(clone, "--data.image_size", "32", "--data.mean", "[0.5,0.5,0.5]", "--data.std", "[0.2,0.2,0.2]")
@@ -99,6 +101,7 @@ def test_a_timm_network_fits_tests_predicts_and_exports_from_yaml(hf_cache, clon
                   and "preprocessing" in state)  # fmt: skip
     config = timm.get_pretrained_cfg(NAME)
     assert record["mean"] == pytest.approx(config.mean) and record["resize_size"] == [36, 36]
+    assert record["interpolation"] == config.interpolation == "bicubic"
 
     # The checkpoint and the images alone: no weights file, no config.
     shutil.rmtree(tmp_path / "hf")
@@ -133,3 +136,18 @@ def test_timm_names_options_and_a_missing_install_are_refused_with_what_to_do(mo
     monkeypatch.setitem(sys.modules, "timm", None)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[timm\]'"):
         timm_net("resnet18")
+
+
+def test_the_resize_interpolation_is_an_option_recorded_and_held_to(tmp_path):
+    images = write_image_folder(tmp_path / "images", classes=("cat", "dog"), per_class=12, size=(40, 52))
+    file = next((images / "train" / "cat").glob("*.png"))
+    bilinear, bicubic = (decode(file, (16, 16), "RGB", interpolation) for interpolation in ("bilinear", "bicubic"))
+    assert bilinear.shape == bicubic.shape == (3, 16, 16) and (bilinear != bicubic).any()
+
+    data = ImageFolderDataModule(root=str(images), image_size=16, interpolation="bicubic", num_workers=0)
+    data.setup("fit")
+    record = data.preprocessing()
+    assert record["interpolation"] == "bicubic"
+    plain = ImageFolderDataModule(root=str(images), image_size=16, num_workers=0)
+    with pytest.raises(ValueError, match="set data.interpolation to bicubic"):
+        plain.use_preprocessing(record)

@@ -130,6 +130,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
     in_channels: int
     class_names: list[str]
     resize: str = "none"  # how an image file reaches image_size: a key of preprocessing.RESIZE
+    interpolation: str = "bilinear"  # of that resize (preprocessing.INTERPOLATIONS)
     has_test: bool = True  # whether `test` has a split; a source with none sets it False (in __init__ too)
 
     def __init__(
@@ -288,7 +289,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if len(self.mean) == 0:
             self._compute_normalization()
         return {"input_shape": list(self.input_shape), "resize": self.resize, "resize_size": list(self.resize_size),
-                "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
+                "interpolation": self.interpolation, "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
 
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
         """Normalise as a trained model expects; another input shape or resize than in training is an error."""
@@ -303,6 +304,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"{source} was trained on images resized to cover {record['resize_size']} (height, width) before "
                 f"the centre crop, but this data resizes them to {list(self.resize_size)}: set data.resize_size to "
                 f"{record['resize_size']} (or leave it out, to take the trained run's)"
+            )
+        if record["interpolation"] != self.interpolation:
+            raise ValueError(
+                f"{source} was trained on images resized {record['interpolation']}, but this data resizes them "
+                f"{self.interpolation}: set data.interpolation to {record['interpolation']} (or leave it out)"
             )
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 

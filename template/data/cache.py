@@ -68,25 +68,28 @@ def checksum(images: np.ndarray) -> str:
     return f"crc32:{zlib.crc32(memoryview(images.reshape(-1))):08x}"
 
 
-def decode(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
-    """One image as uint8 (C, H, W): opened by ``open_image``, resized to cover ``size`` (H, W) and
-    centre-cropped, so the aspect ratio is kept."""
-    image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), Image.Resampling.BILINEAR)
+def decode(path: Path, size: tuple[int, int], mode: str, interpolation: str = "bilinear") -> np.ndarray:
+    """One image as uint8 (C, H, W): opened by ``open_image``, resized (``interpolation``: bilinear or bicubic)
+    to cover ``size`` (H, W) and centre-cropped, so the aspect ratio is kept."""
+    resample = Image.Resampling[interpolation.upper()]
+    image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), resample)
     array = np.asarray(image, dtype=np.uint8)
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
-def _decode_one(task: tuple[int, str, tuple[int, int], str]) -> tuple[int, np.ndarray | None, str | None]:
-    index, path, size, mode = task
+def _decode_one(task: tuple[int, str, tuple[int, int], str, str]) -> tuple[int, np.ndarray | None, str | None]:
+    index, path, size, mode, interpolation = task
     try:
-        return index, decode(Path(path), size, mode), None
+        return index, decode(Path(path), size, mode, interpolation), None
     except Exception as error:  # every unreadable file is reported, with its reason
         return index, None, f"{type(error).__name__}: {error}"
 
 
-def decode_all(files: list[Path], size: tuple[int, int], mode: str, workers: int, description: str):
+def decode_all(
+    files: list[Path], size: tuple[int, int], mode: str, workers: int, description: str, interpolation="bilinear"
+):
     """Yield (index, array or None, error or None) for every file, decoded in parallel, with progress."""
-    tasks = [(index, str(path), size, mode) for index, path in enumerate(files)]
+    tasks = [(index, str(path), size, mode, interpolation) for index, path in enumerate(files)]
     rate = TextColumn("{task.fields[rate]:>8.0f} images/s")
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), rate, TimeRemainingColumn()]
     parallel = workers > 1 and len(tasks) > 64
@@ -143,12 +146,19 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
 
 
 def load_or_build(
-    files: list[Path], size: tuple[int, int], mode: str, cache_dir: Path, workers: int, name: str
+    files: list[Path],
+    size: tuple[int, int],
+    mode: str,
+    cache_dir: Path,
+    workers: int,
+    name: str,
+    interpolation="bilinear",
 ) -> tuple[np.ndarray, dict[int, str]]:
     """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache
     when its fingerprint matches and it is whole, else decoded once and written (CacheTooLarge first
     when it would not fit)."""
-    key = fingerprint(files, {"size": list(size), "mode": mode})
+    settings = {"size": list(size), "mode": mode} | ({} if interpolation == "bilinear" else {"resample": interpolation})
+    key = fingerprint(files, settings)
     cache_dir.mkdir(parents=True, exist_ok=True)
     array_path, record_path = cache_dir / f"{name}-{key}.npy", cache_dir / f"{name}-{key}.json"
     shape = (len(files), 1 if mode == "L" else 3, *size)
@@ -166,7 +176,8 @@ def load_or_build(
     invalid: dict[int, str] = {}
     with replaced_atomically(array_path) as temporary:
         images = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=shape)
-        for index, array, error in decode_all(files, size, mode, workers, f"caching {name} ({len(files)} images)"):
+        description = f"caching {name} ({len(files)} images)"
+        for index, array, error in decode_all(files, size, mode, workers, description, interpolation):
             if error is None:
                 images[index] = array
             else:

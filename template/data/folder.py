@@ -90,6 +90,8 @@ class ImageFolderDataModule(ImageDataModule):
         resize_size: the size images are stored at (the shorter side, or (H, W)), at least image_size.
             ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224), so
             random crops keep some freedom and evaluation takes the centre 7/8.
+        interpolation: of that resize, ``bilinear`` (``None``) or ``bicubic`` (pretrained weights' own, where
+            they were trained with it: timm's mostly).
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
         test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``, so that
@@ -118,6 +120,7 @@ class ImageFolderDataModule(ImageDataModule):
         root: str | None = None,
         image_size: int | tuple[int, int] | None = None,
         resize_size: int | tuple[int, int] | None = None,
+        interpolation: Literal["bilinear", "bicubic"] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
@@ -144,6 +147,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.root = Path(root) if root else None
         self.image_size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
         self.mode = "RGB" if channels == "rgb" else "L"
+        self.interpolation = interpolation or "bilinear"
         self.in_channels = 3 if channels == "rgb" else 1
         self._resize_size = resize_pair(resize_size, self.image_size, 1.0 if self.crop_scale is None else RESIZE_MARGIN)
         self.cache = cache
@@ -235,7 +239,9 @@ class ImageFolderDataModule(ImageDataModule):
         """The cached images of one source folder (None: streamed) and its unreadable files."""
         if self.cache is not False:
             try:
-                return load_or_build(files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split)
+                return load_or_build(
+                    files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split, self.interpolation
+                )
             except CacheTooLarge as too_large:
                 if self.cache:
                     raise CacheTooLarge(
@@ -325,7 +331,7 @@ class ImageFolderDataModule(ImageDataModule):
         images, labels = self.load_split(split)
         if images is not None:
             return TensorImageDataset(images, labels)
-        return FileDataset(self.split_files[split], labels, self.resize_size, self.mode)
+        return FileDataset(self.split_files[split], labels, self.resize_size, self.mode, self.interpolation)
 
     def loader_workers(self, dataset: Dataset) -> int:
         # Indexing a memmap is a copy; worker processes would only add another (and IPC).
@@ -339,4 +345,6 @@ class ImageFolderDataModule(ImageDataModule):
         # Streaming: from an even sample of up to 2,000 training images, as stored (resize_size).
         files = self.datasets["train"].files  # this fold's, under k-fold cross-validation
         sample = files[:: max(1, len(files) // 2000)]
-        return channel_stats(torch.from_numpy(np.stack([decode(p, self.resize_size, self.mode) for p in sample])))
+        return channel_stats(
+            torch.from_numpy(np.stack([decode(p, self.resize_size, self.mode, self.interpolation) for p in sample]))
+        )

@@ -45,23 +45,26 @@ class FileDataset(Dataset):
     """Image files decoded per item in DataLoader workers: the streaming path. Each image is what the
     cache would hold (``cache.decode``): streaming changes where images are decoded, never what."""
 
-    def __init__(self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str) -> None:
+    def __init__(
+        self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str, interpolation="bilinear"
+    ) -> None:
         if len(files) != len(labels):
             raise ValueError(f"{len(files)} files but {len(labels)} labels")
-        self.files, self.labels, self.size, self.mode = files, labels, size, mode
+        self.files, self.labels, self.size, self.mode, self.interpolation = files, labels, size, mode, interpolation
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> Split:
-        return torch.from_numpy(decode(self.files[index], self.size, self.mode)), self.labels[index]
+        return torch.from_numpy(decode(self.files[index], self.size, self.mode, self.interpolation)), self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> Split:
         images = torch.stack([self[index][0] for index in indices])  # (B, C, H, W) uint8
         return images, self.labels[torch.as_tensor(indices)]
 
     def subset(self, index: np.ndarray) -> "FileDataset":
-        return FileDataset([self.files[i] for i in index], self.labels[torch.as_tensor(index)], self.size, self.mode)
+        labels = self.labels[torch.as_tensor(index)]
+        return FileDataset([self.files[i] for i in index], labels, self.size, self.mode, self.interpolation)
 
 
 def join(first: Dataset, second: Dataset) -> TensorImageDataset | FileDataset:
@@ -74,7 +77,7 @@ def join(first: Dataset, second: Dataset) -> TensorImageDataset | FileDataset:
     labels = torch.cat([first.labels, second.labels])
     if isinstance(first, TensorImageDataset):
         return TensorImageDataset(torch.cat([first.images, second.images]), labels)
-    return FileDataset(first.files + second.files, labels, first.size, first.mode)
+    return FileDataset(first.files + second.files, labels, first.size, first.mode, first.interpolation)
 
 
 def keep_batch(batch: Split) -> Split:

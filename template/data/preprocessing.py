@@ -7,6 +7,7 @@ nothing else. The record, all plain values::
     {"input_shape": [C, H, W],      # channels: 1 grey ("L"), 3 RGB
      "resize": "cover_center_crop", # or "none": see RESIZE
      "resize_size": [H', W'],       # what "cover_center_crop" scales to before the centre (H, W)
+     "interpolation": "bilinear",   # of that scaling: PIL's BILINEAR or BICUBIC
      "mean": [...], "std": [...]}   # per channel, of pixel values scaled to [0, 1]
 
 and the model's input is ``(pixels / 255 - mean) / std``, (B, C, H, W) float32. Records
@@ -20,15 +21,16 @@ from typing import Any
 RESIZE = {
     # Scaled (bilinear) so that it covers resize_size (H', W'), keeping its aspect ratio, its centre
     # (H', W') cut out, then the centre (H, W) of that: PIL's ImageOps.fit(image, (W', H'),
-    # Image.Resampling.BILINEAR), after decoding a JPEG at 1/2, 1/4 or 1/8 of its size when both
+    # Image.Resampling.BILINEAR, or BICUBIC as "interpolation" says), after decoding a JPEG at 1/2, 1/4 or 1/8 of its size when both
     # sides stay at least max(H', W') (images.open_image). Training's random crops come from the
     # (H', W') image; resize_size == (H, W) is the plain resize-to-cover and centre crop.
     "cover_center_crop": "scaled to cover resize_size, aspect ratio kept, then centre-cropped to (H, W)",
     # The source's images are already (H, W) (the embedded digits, CIFAR-10 arrays).
     "none": "images of the source are already (H, W)",
 }
-KEYS = ("input_shape", "resize", "resize_size", "mean", "std")
-OPTIONAL = {"resize_size"}  # absent from records written before it existed
+KEYS = ("input_shape", "resize", "resize_size", "interpolation", "mean", "std")
+OPTIONAL = {"resize_size", "interpolation"}  # absent from records written before they existed
+INTERPOLATIONS = ("bilinear", "bicubic")
 
 
 def check_preprocessing(record: Any, source: str) -> dict:
@@ -55,6 +57,10 @@ def check_preprocessing(record: Any, source: str) -> dict:
             f"{source}: preprocessing resize_size must be two integers (H, W) at least the input's {shape[1:]}, "
             f"not {resize_size!r}"
         )
+    if record.get("interpolation", "bilinear") not in INTERPOLATIONS:
+        raise ValueError(
+            f"{source}: preprocessing interpolation {record['interpolation']!r} is none of {INTERPOLATIONS}"
+        )
     if record["resize"] == "none" and list(resize_size) != list(shape[1:]):
         raise ValueError(f"{source}: preprocessing resize 'none' needs resize_size {shape[1:]}, not {resize_size!r}")
     for key in ("mean", "std"):
@@ -65,7 +71,8 @@ def check_preprocessing(record: Any, source: str) -> dict:
     if min(record["std"]) <= 0:
         raise ValueError(f"{source}: preprocessing std must be positive, not {record['std']!r}")
     return {"input_shape": list(shape), "resize": record["resize"], "resize_size": list(resize_size),
-            "mean": [float(v) for v in record["mean"]], "std": [float(v) for v in record["std"]]}  # fmt: skip
+            "interpolation": record.get("interpolation", "bilinear"), "mean": [float(v) for v in record["mean"]],
+            "std": [float(v) for v in record["std"]]}  # fmt: skip
 
 
 def recorded_preprocessing(checkpoint: dict) -> dict | None:

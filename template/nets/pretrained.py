@@ -49,12 +49,15 @@ def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str
         config = pretrained_config(net_args.name)
         size = config.input_size[1] if config.input_size[1] == config.input_size[2] else list(config.input_size[1:])
         trained = {"mean": list(config.mean), "std": list(config.std), "image_size": size, "crop": config.crop_pct}
+        if config.interpolation in ("bilinear", "bicubic"):
+            trained["interpolation"] = config.interpolation
         follow(data_args, trained, f"timm {net_args.name}")
     elif weights is not None:
         transform = weights.transforms()
         size = transform.crop_size[0] if len(transform.crop_size) == 1 else list(transform.crop_size)
         crop = min(transform.crop_size) / transform.resize_size[0]
         trained = {"mean": list(transform.mean), "std": list(transform.std), "image_size": size, "crop": crop}
+        trained["interpolation"] = transform.interpolation.value
         follow(data_args, trained, f"{type(weights).__name__}.{weights.name}")
     if timm:  # timm_net reads its weights itself, weights_file as its pretrained_file
         net_args.pretrained = bool(wanted and (net_args.get("pretrained") or weights_file))
@@ -84,6 +87,8 @@ def follow(data_args: Any, trained: dict, source: str) -> None:
 
 
 def pair(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
     return [value, value] if isinstance(value, int) else [float(v) for v in value]
 
 

@@ -84,7 +84,8 @@ def test_mid_epoch_state_skips_what_was_trained_and_keeps_the_epoch_length():
     state = data.state_dict()
     assert state["train_sampler"] == {"epoch": 3, "samples_consumed": 160}
     assert state["preprocessing"] == {"input_shape": [1, 8, 8], "resize": "none", "resize_size": [8, 8],
-                                      "mean": data.mean.tolist(), "std": data.std.tolist()}  # fmt: skip
+                                      "interpolation": "bilinear", "mean": data.mean.tolist(),
+                                      "std": data.std.tolist()}  # fmt: skip
 
     resumed = DigitsDataModule(batch_size=32)
     resumed.load_state_dict(state)  # Lightning restores the DataModule before asking for loaders
