@@ -20,12 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from template.checkpoints import (  # one name a line: a renamed project's longer package name fits
-    check_hub_file,
-    read_weights,
-    strip_prefixes,
-)
-
 INSTALL = "timm is not installed: pip install -e '.[timm]' (the dev extra has it too)"
 # Options that name a file or weights to load: only through `pretrained` and `pretrained_file`.
 REFUSED = re.compile(r"pretrained|checkpoint|cache|file|path|dir|url|hub|num_classes|in_chans|features_only")
@@ -75,6 +69,8 @@ def weights_location(config: Any) -> Path:
     if config.url:
         path = Path(torch.hub.get_dir()) / "checkpoints" / Path(config.url).name
         if path.is_file():
+            from template.checkpoints import check_hub_file
+
             return check_hub_file(path, config.url)
         looked.append(f"{path.name} in {path.parent}")
     get = f"`hf download {config.hf_hub_id}` on a machine online, then copy the cache" if config.hf_hub_id else "it"
@@ -116,6 +112,8 @@ def timm_net(
     settings = {"num_classes": num_classes, "in_chans": in_channels, "drop_rate": drop_rate, **options}
     if config is None:
         return timm.create_model(name, pretrained=False, **settings)
+    from template.checkpoints import read_weights, strip_prefixes  # files are read here, not by the network code
+
     path = Path(pretrained_file) if pretrained_file else weights_location(config)
     state_dict = read_weights(path)
     if any(key.startswith("net.") for key in state_dict):  # a checkpoint of this template's
