@@ -4,6 +4,7 @@ say what data and run they came from."""
 import errno
 import hashlib
 import io
+import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from torch import nn
 
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
+MAX_TENSORS = 100_000  # in a whole checkpoint (the biggest real networks' hold a few thousand, states included)
 
 
 class CheckpointError(RuntimeError):
@@ -150,6 +152,7 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
         if tensors or "mmap" not in str(error):
             raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
+    check_tensors(checkpoint, str(path))
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         return checkpoint
     for key, kind in LAYOUT.items():
@@ -211,23 +214,74 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
     net.load_state_dict({k: v for k, v in stripped.items() if k not in mismatched}, strict=False)
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
     """The tensors of a weights file, read without running any code it could carry: safetensors, or a
-    ``torch.save`` file (a state_dict, or a Lightning checkpoint) after ``load_checkpoint``'s checks."""
+    ``torch.save`` file (a state_dict, or a Lightning checkpoint) after ``load_checkpoint``'s checks. Their
+    sizes, as the file declares them, must add up to at most ``limit`` bytes before any is read (a few times
+    the network's own: a file of holes or of another network's size is refused, not allocated), and their
+    values must be finite."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path}: {'not a regular file' if path.exists() else 'no such file'}")
     if path.suffix == ".safetensors":
         try:
-            return safetensors.torch.load_file(path, device="cpu")
+            with safetensors.safe_open(path, "pt", device="cpu") as file:  # the header alone, until get_tensor
+                declared = {key: file.get_slice(key) for key in file.keys()}
+                sizes = {
+                    key: math.prod(part.get_shape()) * DTYPE_BYTES.get(part.get_dtype(), 8)
+                    for key, part in declared.items()
+                }
+                check_size(sum(sizes.values()), limit, path)
+                state_dict = {key: file.get_tensor(key) for key in declared}
         except (OSError, safetensors.SafetensorError) as error:
             raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
-    checkpoint = load_checkpoint(path)
-    state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
-    if not state_dict or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
-        raise DamagedCheckpointError(
-            f"{path} holds no state_dict of named tensors: save one with torch.save(net.state_dict(), path), "
-            "or safetensors.torch.save_file"
-        )
+    else:
+        checkpoint = load_checkpoint(path, tensors=False)  # memory-mapped: nothing read yet
+        state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+        if not state_dict or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
+            raise DamagedCheckpointError(
+                f"{path} holds no state_dict of named tensors: save one with torch.save(net.state_dict(), path), "
+                "or safetensors.torch.save_file"
+            )
+        check_size(sum(tensor.numel() * tensor.element_size() for tensor in state_dict.values()), limit, path)
+    if broken := [key for key, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]:
+        raise DamagedCheckpointError(f"{path} holds NaN or infinite values in {len(broken)} tensors ({broken[0]}...)")
     return state_dict
+
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def check_size(declared: int, limit: int, path: Path) -> None:
+    if declared > limit:
+        raise DamagedCheckpointError(
+            f"refusing {path}: its tensors declare {declared / 2**20:,.0f} MiB, more than the network could take "
+            f"({limit / 2**20:,.0f} MiB): the weights of another, larger network, or a damaged file"
+        )
+
+
+def network_bytes(net: nn.Module) -> int:
+    """The bytes of ``net``'s parameters and buffers (on the meta device too: no memory needed)."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in net.state_dict().values())
+
+
+def weights_limit(net: nn.Module) -> int:
+    """How large a weights file for ``net`` may be: its own size, with room for another head and its states."""
+    return 4 * network_bytes(net) + (64 << 20)
+
+
+def check_tensors(value: Any, source: str) -> None:
+    """Refuse tensors that claim more elements than their file stores (``expand``'s zero strides, a sparse
+    layout): a few bytes would become gigabytes when copied, hashed or loaded. And at most MAX_TENSORS."""
+    for count, (name, tensor) in enumerate(_tensors(value), 1):
+        if count > MAX_TENSORS:
+            raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
+        stored = tensor.untyped_storage().nbytes() if tensor.layout == torch.strided else 0
+        if tensor.numel() * tensor.element_size() > stored:
+            raise DamagedCheckpointError(
+                f"refusing {source}: its tensor {name or 'at the top'} {tuple(tensor.shape)} claims more values than "
+                "the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
+            )
 
 
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
@@ -235,7 +289,7 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
     ``fc``) where the file's are another shape (another class count) or absent. Any other mismatch means another
     network (resnet34's weights for a resnet18 share the first 120 tensors): an error naming the tensors, not a
     network half trained and half new."""
-    state_dict = read_weights(path)
+    state_dict = read_weights(path, weights_limit(net))
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     in_common = set(stripped) & set(net.state_dict())
     found = []  # the mismatches that are not the classifier's

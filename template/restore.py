@@ -39,6 +39,7 @@ from template.checkpoints import (
     DamagedCheckpointError,
     UnsafeCheckpointError,
     find_checkpoint,
+    network_bytes,
     read_checkpoint,
     strip_prefixes,
 )
@@ -59,7 +60,7 @@ DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the Dat
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
 PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$")
 # A network's literal sizes (widths, blocks, stems), bounded before even a meta-device build of it.
-NETWORK_INT, NETWORK_LIST = 1 << 16, 1 << 10
+NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
@@ -347,11 +348,17 @@ def check_network(spec: dict, checkpoint: dict, source: str) -> None:
     """The record's network must be the one whose tensors the checkpoint holds: built first on the meta device
     (no memory, no time), its tensor shapes are compared with the file's, so that arguments (a width of 9000)
     can never make this process build something else, however large."""
+    if len(checkpoint["state_dict"]) > MAX_NETWORK_TENSORS:  # each costs time to build, even on the meta device
+        refuse(source, "state_dict", f"{len(checkpoint['state_dict']):,} tensors", f"over {MAX_NETWORK_TENSORS:,}")
     try:
         with torch.device("meta"):
             net = build(spec)
     except Exception:  # a network that cannot be built on the meta device: built for real, and checked then
         return
+    needed, memory = network_bytes(net), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory // 2:
+        why = f"a network of {needed / 2**30:,.1f} GiB, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
+        refuse(source, "hyper_parameters.net", spec["class_path"], why)
     expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
     stored = {key: tuple(value.shape) for key, value in strip_prefixes(checkpoint["state_dict"], "net.").items()}
     if expected != stored:

@@ -448,3 +448,27 @@ def test_print_config_of_a_checkpoint_shows_what_a_config_of_it_runs(trained, tm
         cli(["test", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(trained), "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["ckpt_path"] == str(trained)  # `test --config printed.yaml` tests the trained weights
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_checkpoint_that_would_allocate_what_it_never_held_is_refused(trained, tmp_path, monkeypatch, entry):
+    """A few bytes can declare gigabytes: an expanded tensor (stride 0) in the weights or anywhere else (it would be
+    copied to be hashed), a network larger than the machine described by tensors of the same kind, thousands of
+    tiny layers that take minutes to build. Each is refused before anything of that size exists."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = torch.load(trained, weights_only=True)
+    attacks = {
+        "expanded weight": lambda c: c["state_dict"].update({"net.head.weight": torch.zeros(1).expand(10, 128)}),
+        "expanded elsewhere": lambda c: c["loops"].update({"bomb": torch.zeros(1).expand(1 << 34)}),
+        "many layers": lambda c: c["state_dict"].update({f"net.extra{i}": torch.zeros(1) for i in range(10_001)}),
+    }
+    for what, change in attacks.items():
+        doctored = {**checkpoint, "state_dict": dict(checkpoint["state_dict"]), "loops": dict(checkpoint["loops"])}
+        doctored.pop("integrity")  # another tool's checkpoint: no digest to disagree with
+        change(doctored)
+        torch.save(doctored, tmp_path / "bomb.ckpt")
+        with pytest.raises((SystemExit, CheckpointError)):
+            enter(entry, tmp_path / "bomb.ckpt", tmp_path)
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 << (6 if name == "SC_PHYS_PAGES" else 12))  # 256 KiB of memory
+    with pytest.raises((SystemExit, CheckpointError)):
+        enter(entry, trained, tmp_path)

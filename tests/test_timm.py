@@ -151,3 +151,33 @@ def test_the_resize_interpolation_is_an_option_recorded_and_held_to(tmp_path):
     plain = ImageFolderDataModule(root=str(images), image_size=16, num_workers=0)
     with pytest.raises(ValueError, match="set data.interpolation to bicubic"):
         plain.use_preprocessing(record)
+
+
+def test_weights_of_another_network_holes_or_nan_are_refused_before_training(hf_cache, clone, tmp_path, capsys):
+    """timm loads leniently when the head is new: the template checks that everything else is there first."""
+
+    def refused(state, name):
+        save_file(state, tmp_path / name)
+        with pytest.raises(SystemExit):
+            main(["fit", *CONFIGS, "--data.root", str(clone), "--weights_file", str(tmp_path / name)])
+        return capsys.readouterr().err
+
+    prefixed = {f"model.{key}": value for key, value in hf_cache.items()}  # every key another network's
+    assert "is not the weights of timm mobilenetv3_small_050" in refused(prefixed, "prefixed.safetensors")
+    nan = {**hf_cache, "conv_stem.weight": torch.full_like(hf_cache["conv_stem.weight"], float("nan"))}
+    assert "NaN or infinite values" in refused(nan, "nan.safetensors")
+
+    header = json.dumps({"huge": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [0, 4 << 30]}}).encode()
+    with open(tmp_path / "holes.safetensors", "wb") as file:  # 4 GiB declared, a few bytes on disk
+        file.write(len(header).to_bytes(8, "little") + header)
+        file.truncate(8 + len(header) + (4 << 30))
+    with pytest.raises(SystemExit):
+        main(["fit", *CONFIGS, "--data.root", str(clone), "--weights_file", str(tmp_path / "holes.safetensors")])
+    assert "more than the network could take" in capsys.readouterr().err
+
+
+def test_grey_images_take_the_weights_statistics_averaged_over_the_colours(hf_cache, clone):
+    config = timm.get_pretrained_cfg(NAME)
+    built_ = built(clone, "--data.channels", "grayscale", "--data.image_size", "32")
+    assert built_.datamodule.given_stats == ([sum(config.mean) / 3], [sum(config.std) / 3])
+    assert built_.model.net.conv_stem.in_channels == 1  # timm summed the pretrained filters over the colours

@@ -72,6 +72,8 @@ def follow(data_args: Any, trained: dict, source: str) -> None:
     """Set the data's options to how pretrained weights were trained (mean, std, image_size; resize_size from the
     crop fraction) where the user gave none; a one-line note names the ones they gave that differ."""
     crop = trained.pop("crop")
+    if data_args.get("channels") == "grayscale":  # grey images: timm sums the first convolution over the colours
+        trained["mean"], trained["std"] = [sum(trained["mean"]) / 3], [sum(trained["std"]) / 3]
     differ = []
     for key, value in trained.items():
         if key not in data_args:

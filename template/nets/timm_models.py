@@ -22,7 +22,9 @@ from torch import nn
 
 INSTALL = "timm is not installed: pip install -e '.[timm]' (the dev extra has it too)"
 # Options that name a file or weights to load: only through `pretrained` and `pretrained_file`.
-REFUSED = re.compile(r"pretrained|checkpoint|cache|file|path|dir|url|hub|num_classes|in_chans|features_only")
+REFUSED = re.compile(
+    r"pretrained|checkpoint|cache|file|path|dir|url|hub|num_classes|in_chans|features|pruned|kwargs", re.I
+)
 
 
 def import_timm() -> Any:
@@ -111,15 +113,52 @@ def timm_net(
         options["drop_path_rate"] = drop_path_rate
     settings = {"num_classes": num_classes, "in_chans": in_channels, "drop_rate": drop_rate, **options}
     if config is None:
-        return timm.create_model(name, pretrained=False, **settings)
-    from template.checkpoints import read_weights, strip_prefixes  # files are read here, not by the network code
+        return create(timm, name, pretrained=False, **settings)
+    from template.checkpoints import read_weights, strip_prefixes, weights_limit  # files: not the network's code
 
+    with torch.device("meta"):  # what the weights must be, before any is read
+        expected = create(timm, name, pretrained=False, **settings)
     path = Path(pretrained_file) if pretrained_file else weights_location(config)
-    state_dict = read_weights(path)
+    state_dict = read_weights(path, weights_limit(expected))
     if any(key.startswith("net.") for key in state_dict):  # a checkpoint of this template's
         state_dict = strip_prefixes(state_dict, "net.")
+    check_weights(state_dict, expected, config, path, settings)
     overlay = {"state_dict": state_dict, "source": None}
-    net = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **settings)
+    net = create(timm, name, pretrained=True, pretrained_cfg_overlay=overlay, **settings)
     net.pretrained_cfg = {key: value for key, value in net.pretrained_cfg.items() if key != "state_dict"}
     print(f"timm {name}: pretrained weights from {path} ({len(state_dict)} tensors)")
     return net
+
+
+def create(timm: Any, name: str, **settings: Any) -> nn.Module:
+    """``timm.create_model``, its refusals of arguments (an unknown layer name, a keyword) as one line."""
+    try:
+        return timm.create_model(name, **settings)
+    except (KeyError, AssertionError, TypeError, RuntimeError) as error:
+        raise ValueError(f"timm {name} cannot be built with {settings}: {type(error).__name__}: {error}") from None
+
+
+def check_weights(state_dict: dict, expected: nn.Module, config: Any, path: Path, settings: dict) -> None:
+    """Every tensor of the network must be in the weights with its shape, but the classifier's (a new one for
+    another class count) and the first convolution's (timm sums it for other channels): else they are another
+    network's, and timm, loading leniently for a new head, would leave the rest of the network untrained."""
+    adapted = as_tuple(config.classifier) * (settings["num_classes"] != config.num_classes)
+    adapted += as_tuple(config.first_conv) * (settings["in_chans"] != config.input_size[0])
+    adapted = tuple(f"{prefix}." for prefix in adapted)
+    wrong = []
+    for key, tensor in expected.state_dict().items():
+        if key.startswith(adapted) or key.endswith("num_batches_tracked"):
+            continue
+        if key not in state_dict:
+            wrong.append(f"{key} (missing)")
+        elif tuple(state_dict[key].shape) != tuple(tensor.shape):
+            wrong.append(f"{key} {tuple(state_dict[key].shape)}, not {tuple(tensor.shape)}")
+    if wrong:
+        raise ValueError(
+            f"{path} is not the weights of timm {config.architecture}: {len(wrong)} of its tensors differ "
+            f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); give that network's weights"
+        )
+
+
+def as_tuple(value: Any) -> tuple:
+    return () if value is None else (value,) if isinstance(value, str) else tuple(value)
