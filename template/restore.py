@@ -100,10 +100,11 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         import template.data
         import template.nets
+        import template.optim
         import template.schedule
 
-        namespaces = [(template.nets, None), (template.data, None), (template.schedule, None), (torch.optim, None),
-                      (torch.optim.lr_scheduler, None)]  # fmt: skip
+        namespaces = [(template.nets, None), (template.data, None), (template.schedule, None), (template.optim, None),
+                      (torch.optim, None), (torch.optim.lr_scheduler, None)]  # fmt: skip
         for module, _ in namespaces:
             for attribute, obj in vars(module).items():
                 made = typing.get_type_hints(obj).get("return") if inspect.isfunction(obj) else obj  # a builder's
@@ -380,14 +381,14 @@ def build(spec: dict, **given: Any) -> Any:
     schedule, the callable that builds it from what it wraps."""
     kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
     init_args = {**spec["init_args"], **given}
-    if kind in ("optimizer", "scheduler"):
-        return functools.partial(target, **init_args)
     types_ = parameters(target)[0]
     for name, value in init_args.items():
-        if isinstance(value, dict) and "class_path" in value:
+        if isinstance(value, dict) and "class_path" in value:  # a network's block, a Lookahead's inner optimizer
             init_args[name] = build(value)
         elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
             init_args[name] = registry().get(value, (None, None))[1] or pkgutil.resolve_name(value)
+    if kind in ("optimizer", "scheduler"):
+        return functools.partial(target, **init_args)
     return target(**init_args)
 
 
