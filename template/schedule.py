@@ -97,7 +97,7 @@ class WarmupLinear(WarmupCosine):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * (1.0 - progress)
 
 
-def build_optimizer(make: Callable, config: Any, groups: list[dict], total_steps: int) -> Optimizer:
+def build_optimizer(make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int]) -> Optimizer:
     """The optimizer ``make`` builds for parameter ``groups``: one that takes ``total_steps`` (Lookahead) gets
     the run's, as a schedule does (``build_scheduler``). A group's ``lr_scale`` multiplies its learning rate,
     and its ``weight_decay_scale`` its weight decay (``parameter_groups`` sets them)."""
@@ -109,12 +109,13 @@ def build_optimizer(make: Callable, config: Any, groups: list[dict], total_steps
     return optimizer
 
 
-def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int) -> Any:
+def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
     """The scheduler ``make`` builds for ``optimizer``. One whose class takes ``total_steps``
     (WarmupCosine, OneCycleLR) gets the run's number of optimizer steps there, which only the
     Trainer knows, unless its config (``config``: the recorded ``{"class_path", "init_args"}``, or
     None for a ``functools.partial`` given from Python) sets it; any other (StepLR, MultiStepLR,
-    ReduceLROnPlateau...) is built from its own arguments alone."""
+    ReduceLROnPlateau...) is built from its own arguments alone. ``total_steps`` may be a function that returns
+    them, asked only then (the Trainer's estimate, which a module without a Trainer cannot give)."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
@@ -124,7 +125,7 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
     except (TypeError, ValueError):
         takes_total = False
     if takes_total and given.get("total_steps") is None:
-        return make(optimizer, total_steps=total_steps)
+        return make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
     return make(optimizer)
 
 
