@@ -6,20 +6,26 @@
 #
 #   bash benchmarks/gpu_recipe.sh --data-root DIR   # DIR/cifar-10-batches-py/, or DIR/train/<class>/*.jpg
 #   bash benchmarks/gpu_recipe.sh --smoke           # CPU, tiny generated images, one epoch: the script works
+#   bash benchmarks/gpu_recipe.sh --airbench --data-root DIR   # configs/cifar10_airbench.yaml, in bf16, by
+#       benchmarks/compute_to_accuracy.py: its training PFLOPs, time to 94% validation accuracy, test accuracy
 #
 # Any further options go to `template fit`, e.g. --trainer.max_epochs 12 --model.compile true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
-smoke=false data_root="" extra=()
+smoke=false airbench=false data_root="" extra=()
 while (($#)); do
   case $1 in
     --smoke) smoke=true ;;
+    --airbench) airbench=true ;;
     --data-root) data_root=$2; shift ;;
     *) extra+=("$1") ;;
   esac
   shift
 done
+if $airbench; then
+  exec "$PYTHON" benchmarks/compute_to_accuracy.py --data-root "$data_root" --trainer.precision bf16-mixed "${extra[@]}"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -15,9 +15,12 @@ from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from template.compat import is_compiled
+from template.data_init import init_from_data
+from template.evaluation import multi_crop_logits
 from template.restore import load_module, register
 from template.schedule import (
     WarmupCosine,
+    build_optimizer,
     build_scheduler,
     interval_of,
     parameter_groups,
@@ -36,7 +39,7 @@ class ClassificationModule(L.LightningModule):
         net: the network; swapped from YAML with ``model.net.class_path``.
         num_classes, class_names, input_shape: K, a name per class (kept in the checkpoint for ``predict``)
             and (C, H, W) of one input; linked from the DataModule by the CLI.
-        optimizer: builds the optimizer from the parameter groups.
+        optimizer: builds the optimizer from the parameter groups (one that takes ``total_steps`` gets the run's).
         lr_scheduler: builds the scheduler from the optimizer, any torch scheduler (one that takes ``total_steps``
             gets the run's optimizer steps, ``template.schedule.build_scheduler``); ``None``: a constant LR.
         scheduler_interval: ``step`` or ``epoch``; by default the interval its own arguments count
@@ -46,6 +49,7 @@ class ClassificationModule(L.LightningModule):
         channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
         flip_tta: evaluate (val, test, predict) on the mean logits of each image and its mirror image.
+        tta_translate: pixels of shift of the crops evaluated beside each image (``template.evaluation``); 0: none.
         layer_decay: layer-wise learning-rate decay for fine-tuning (``template.schedule.parameter_groups``).
     """
 
@@ -63,6 +67,7 @@ class ClassificationModule(L.LightningModule):
         channels_last: bool = False,
         compile: bool = False,
         flip_tta: bool = False,
+        tta_translate: int = 0,
         layer_decay: float | None = None,
     ) -> None:
         super().__init__()
@@ -77,15 +82,11 @@ class ClassificationModule(L.LightningModule):
             if not isinstance(self.hparams.get(key), dict | str | None):
                 del self.hparams[key]
         self.net = net
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
-        self.scheduler_interval = scheduler_interval
-        self.scheduler_monitor = scheduler_monitor
-        self.label_smoothing = label_smoothing
-        self.channels_last = channels_last
-        self.compile_net = compile
-        self.flip_tta = flip_tta
-        self.layer_decay = layer_decay
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.scheduler_interval, self.scheduler_monitor = scheduler_interval, scheduler_monitor
+        self.label_smoothing, self.layer_decay = label_smoothing, layer_decay
+        self.channels_last, self.compile_net = channels_last, compile
+        self.flip_tta, self.tta_translate = flip_tta, tta_translate
         self.class_names = list(class_names) if class_names else [str(index) for index in range(num_classes)]
         if input_shape is not None:
             self.example_input_array = torch.zeros(2, *input_shape)
@@ -113,6 +114,9 @@ class ClassificationModule(L.LightningModule):
             self.net.to(memory_format=torch.channels_last)
         if self.compile_net and not is_compiled(self.net):
             self.net.compile()
+
+    def on_fit_start(self) -> None:
+        init_from_data(self)  # layers computed from the training images (a whitening stem), on rank 0, broadcast
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
@@ -146,10 +150,7 @@ class ClassificationModule(L.LightningModule):
                 self.log("train/grad_norm", norms["grad_2.0_norm_total"])
 
     def _evaluate_logits(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self(images)
-        if self.flip_tta:
-            logits = (logits + self(images.flip(-1))) / 2  # the mirror image's vote, averaged in
-        return logits
+        return multi_crop_logits(self, images, self.flip_tta, self.tta_translate)  # the mirror's and shifts' votes
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
@@ -184,12 +185,11 @@ class ClassificationModule(L.LightningModule):
         return self._evaluate_logits(batch[0]).softmax(dim=1)  # (B, K) class probabilities
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer(parameter_groups(self.net, self.layer_decay))
-        for group in optimizer.param_groups:
-            group["lr"] *= group.pop("lr_scale", 1.0)
+        steps = lambda: int(self.trainer.estimated_stepping_batches)  # noqa: E731  (asked only by what plans the run)
+        groups = parameter_groups(self.net, self.layer_decay)
+        optimizer = build_optimizer(self.optimizer, self.hparams.get("optimizer"), groups, steps)
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}
-        steps = int(self.trainer.estimated_stepping_batches)
         scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, steps)
         settings = {"scheduler": scheduler, "interval": self.scheduler_interval or interval_of(scheduler), "name": "lr"}
         if isinstance(scheduler, ReduceLROnPlateau):

@@ -90,9 +90,11 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         import template.data
         import template.nets
+        import template.optim
         import template.schedule
 
-        modules = [template.nets, template.data, template.schedule, torch.optim, torch.optim.lr_scheduler]
+        modules = [template.nets, template.data, template.schedule, template.optim, torch.optim]
+        modules.append(torch.optim.lr_scheduler)
         modules += [module for name, module in list(sys.modules.items()) if name.startswith("torchvision.models")]
         for module in modules:  # their classes, and functions that build a network (template.nets.timm_net)
             for attribute, obj in vars(module).items():
@@ -374,14 +376,14 @@ def build(spec: dict, **given: Any) -> Any:
     schedule, the callable that builds it from what it wraps."""
     kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
     init_args = {**spec["init_args"], **given}
-    if kind in ("optimizer", "scheduler"):
-        return functools.partial(target, **init_args)
     types_ = parameters(target)[0]
     for name, value in init_args.items():
-        if isinstance(value, dict) and "class_path" in value:
+        if isinstance(value, dict) and "class_path" in value:  # a network's block, a Lookahead's inner optimizer
             init_args[name] = build(value)
         elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
             init_args[name] = registry().get(value, (None, None))[1] or pkgutil.resolve_name(value)
+    if kind in ("optimizer", "scheduler"):
+        return functools.partial(target, **init_args)
     return target(**init_args)
 
 

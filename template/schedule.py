@@ -1,5 +1,6 @@
-"""The recipe's optimisation beside the module: linear warmup then cosine decay (with warm restarts), the
-interval a scheduler steps at, and the parameter groups (no weight decay on norms and biases)."""
+"""The recipe's optimisation beside the module: linear warmup then cosine (with warm restarts) or linear decay,
+the interval a scheduler steps at, the parameter groups (no weight decay on norms and biases; a learning-rate
+scale a network asks for) and the optimizer built from them."""
 
 import inspect
 import math
@@ -85,12 +86,36 @@ class WarmupCosine(LRScheduler):
         )
 
 
-def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int) -> Any:
+class WarmupLinear(WarmupCosine):
+    """Linear warmup, then linear decay to ``min_lr_ratio`` of the peak (no restarts: ``cycles`` is 1): the
+    schedule of short runs such as airbench's, where the last steps at a tiny rate are worth having."""
+
+    def lr_factor(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * (1.0 - progress)
+
+
+def build_optimizer(make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int]) -> Optimizer:
+    """The optimizer ``make`` builds for parameter ``groups``: one that takes ``total_steps`` (Lookahead) gets
+    the run's, as a schedule does (``build_scheduler``). A group's ``lr_scale`` multiplies its learning rate,
+    and its ``weight_decay_scale`` its weight decay (``parameter_groups`` sets them)."""
+    optimizer = build_scheduler(make, config, groups, total_steps)
+    for group in optimizer.param_groups:
+        group["lr"] *= group.pop("lr_scale", 1.0)
+        if "weight_decay_scale" in group:
+            group["weight_decay"] *= group.pop("weight_decay_scale")
+    return optimizer
+
+
+def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
     """The scheduler ``make`` builds for ``optimizer``. One whose class takes ``total_steps``
     (WarmupCosine, OneCycleLR) gets the run's number of optimizer steps there, which only the
     Trainer knows, unless its config (``config``: the recorded ``{"class_path", "init_args"}``, or
     None for a ``functools.partial`` given from Python) sets it; any other (StepLR, MultiStepLR,
-    ReduceLROnPlateau...) is built from its own arguments alone."""
+    ReduceLROnPlateau...) is built from its own arguments alone. ``total_steps`` may be a function that returns
+    them, asked only then (the Trainer's estimate, which a module without a Trainer cannot give)."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
@@ -100,7 +125,7 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
     except (TypeError, ValueError):
         takes_total = False
     if takes_total and given.get("total_steps") is None:
-        return make(optimizer, total_steps=total_steps)
+        return make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
     return make(optimizer)
 
 
@@ -119,20 +144,32 @@ def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[d
     biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
     Every parameter with fewer than 2 dimensions is a norm weight or a bias.
 
+    A parameter named in its module's ``lr_scales`` ({parameter name: scale}, which a layer sets, as
+    ``template.nets.layers.FrozenWeightBatchNorm`` does for its bias) goes into a group per scale whose
+    learning rate is that many times the others' and whose decay per step is theirs (its weight decay
+    divided by the scale: it learns faster, it is not pulled to 0 faster), as airbench's BatchNorm biases.
+
     With ``layer_decay`` (fine-tuning), timm's groups per depth instead: each ``lr_scale`` (applied by
-    ``ClassificationModule.configure_optimizers``) is ``layer_decay`` to the power of the layer's distance
+    ``build_optimizer``) is ``layer_decay`` to the power of the layer's distance
     from the head, so the pretrained early layers move least. Frozen parameters are in them too (an
     optimizer passes over a parameter without a gradient): unfreezing them needs no new group.
     """
     if layer_decay is not None:
         return layer_groups(net, layer_decay)
-    decay, no_decay = [], []
+    scales = {id(getattr(m, name)): scale for m in net.modules() for name, scale in getattr(m, "lr_scales", {}).items()}
+    decay, no_decay, scaled = [], [], {}
     for parameter in net.parameters():
-        if parameter.requires_grad:
+        if parameter.requires_grad and id(parameter) in scales:
+            scaled.setdefault(float(scales[id(parameter)]), []).append(parameter)
+        elif parameter.requires_grad:
             (decay if parameter.ndim >= 2 else no_decay).append(parameter)
     return [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+        *(
+            {"params": params, "lr_scale": scale, "weight_decay_scale": 1 / scale, "name": f"lr_x{scale:g}"}
+            for scale, params in scaled.items()
+        ),
     ]
 
 

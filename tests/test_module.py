@@ -96,7 +96,15 @@ def test_loss_is_cross_entropy_on_raw_logits_with_label_smoothing():
 
 def test_objects_passed_from_python_stay_out_of_the_hyperparameters():
     module = make_module(class_names=[f"c{k}" for k in range(10)], input_shape=(1, 8, 8))
-    switches = {"channels_last", "compile", "flip_tta", "layer_decay", "scheduler_interval", "scheduler_monitor"}
+    switches = {
+        "channels_last",
+        "compile",
+        "flip_tta",
+        "tta_translate",
+        "layer_decay",
+        "scheduler_interval",
+        "scheduler_monitor",
+    }
     assert set(module.hparams) == {"num_classes", "class_names", "input_shape", "label_smoothing", *switches}
     assert module.example_input_array.shape == (2, 1, 8, 8)
     with pytest.raises(ValueError, match="3 class_names given for num_classes=10"):

@@ -462,7 +462,7 @@ def test_a_checkpoint_that_would_allocate_what_it_never_held_is_refused(trained,
         "expanded elsewhere": lambda c: c["loops"].update({"bomb": torch.zeros(1).expand(1 << 34)}),
         "many layers": lambda c: c["state_dict"].update({f"net.extra{i}": torch.zeros(1) for i in range(10_001)}),
     }
-    for what, change in attacks.items():
+    for change in attacks.values():
         doctored = {**checkpoint, "state_dict": dict(checkpoint["state_dict"]), "loops": dict(checkpoint["loops"])}
         doctored.pop("integrity")  # another tool's checkpoint: no digest to disagree with
         change(doctored)

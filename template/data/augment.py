@@ -7,7 +7,7 @@ trains one recipe whichever path the images took:
 
     training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
                  or centre (H, W) -> random crop (crop_padding, reflect)
-               -> random mirror (hflip) -> policy (TrivialAugmentWide or RandAugment), on uint8
+               -> mirror (hflip: at random, or each image on alternate epochs) -> policy (TrivialAugmentWide or RandAugment), on uint8
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
@@ -26,6 +26,9 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 Policy = Literal["trivialaugment", "randaugment"]
+Flip = (
+    bool | Literal["alternate"]
+)  # "alternate": each image mirrored every other epoch (ResumableSampler.alternating_flips)
 POLICIES = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 GROUPS = 16  # random draws per batch of the v2 transforms: see per_group
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop aspect ratios
@@ -35,7 +38,7 @@ TRIES = 10  # torchvision's draws of a crop box before it falls back to the cent
 def augment(
     images: torch.Tensor,
     crop_padding: int,
-    hflip: bool,
+    hflip: bool | torch.Tensor,
     policy: Policy | None = None,
     size: Sequence[int] | None = None,
     crop_scale: Sequence[float] | None = None,
@@ -43,14 +46,17 @@ def augment(
 ) -> torch.Tensor:
     """Crop each image to ``size`` (H, W) (by default its own): a random-resized crop with
     ``crop_scale``, else the centre shifted by up to ``crop_padding`` pixels; mirror half of
-    them if ``hflip``, then apply the ``policy``'s random operation. On uint8 too: cropping
-    before the float copy moves a quarter of the bytes."""
+    them if ``hflip`` (those it marks, a (B,) bool tensor), then apply the ``policy``'s random
+    operation. On uint8 too: cropping before the float copy moves a quarter of the bytes."""
     size = tuple(size or images.shape[-2:])
     if crop_scale is not None:
         images = random_resized_crop(images, size, crop_scale, crop_ratio)
     else:
         images = random_crop(center_crop(images, size), crop_padding)
-    images = random_hflip(images) if hflip else images
+    if isinstance(hflip, torch.Tensor):
+        images = mirror_where(images, hflip)
+    elif hflip:
+        images = random_hflip(images)
     return per_group(POLICIES[policy](), images) if policy else images
 
 
@@ -179,7 +185,11 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
 
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:
     """Mirror each image left-right with the given probability."""
-    flip = torch.rand(images.shape[0], device=images.device) < probability
+    return mirror_where(images, torch.rand(images.shape[0], device=images.device) < probability)
+
+
+def mirror_where(images: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Mirror left-right the images whose entry of ``flip`` (B,) is true."""
     # Each image picked from the batch or its mirror by index: no boolean-mask index, which makes the
     # host wait for the device every step, and on the CPU faster than torch.where's broadcast over uint8.
     choice = torch.arange(len(images), device=images.device) + len(images) * flip

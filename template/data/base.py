@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
     POLICIES,
     RATIO,
+    Flip,
     Policy,
     augment,
     center_crop,
@@ -112,7 +113,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
             [0.35, 1] for short runs; ``None`` (the default): off. Needs crop_padding 0.
         crop_ratio: the range of its aspect ratio (width / height), drawn log-uniformly.
         hflip: mirror training images left-right at random (off by default). Only for
-            classes that stay the same in a mirror (not for digits or text).
+            classes that stay the same in a mirror (not for digits or text). ``alternate``: each
+            image on alternate epochs instead, its first at random (airbench's derandomised flip).
         policy: a random operation per image after crop and mirror: ``trivialaugment``
             (TrivialAugmentWide) or ``randaugment`` (RandAugment, 2 operations of magnitude 9);
             ``None`` (the default) for none.
@@ -138,7 +140,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         batch_size: int = 64,
         num_workers: int = 0,
         crop_padding: int = 0,
-        hflip: bool = False,
+        hflip: Flip = False,
         global_batch_size: int | None = None,
         crop_scale: tuple[float, float] | None = None,
         crop_ratio: tuple[float, float] = RATIO,
@@ -161,6 +163,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"crop_scale={list(crop_scale)} and crop_padding={crop_padding} both crop; a random-resized crop "
                 "already moves the image: set crop_padding to 0"
             )
+        if hflip not in (True, False, "alternate"):
+            raise ValueError(f"hflip={hflip!r} must be true, false or 'alternate' (each image on alternate epochs)")
         if policy is not None and policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is not one of {sorted(POLICIES)} (or null for none)")
         if not 0 <= random_erasing <= 1 or mixup_alpha < 0 or cutmix_alpha < 0:
@@ -403,9 +407,12 @@ class ImageDataModule(L.LightningDataModule, ABC):
             self._compute_normalization()
         training = self.trainer is not None and self.trainer.training
         if training:
+            hflip = self.hflip  # "alternate" without the sampler (training order unknown): at random
             if self.train_sampler is not None:
+                if hflip == "alternate":  # which images these are: their place in the epoch's order
+                    hflip = self.train_sampler.alternating_flips(len(labels)).to(images.device)
                 self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-            images = augment(images, self.crop_padding, self.hflip, self.policy, self.image_size, self.crop_scale,
+            images = augment(images, self.crop_padding, hflip, self.policy, self.image_size, self.crop_scale,
                              self.crop_ratio)  # fmt: skip
         else:
             images = center_crop(images, self.image_size)  # as torchvision's Resize + CenterCrop evaluate

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from template.data.augment import Flip
 from template.data.base import ImageDataModule, Split, stratified_split
 
 FOLDER = "cifar-10-batches-py"
@@ -62,7 +63,7 @@ class CIFAR10DataModule(ImageDataModule):
         split_seed: int = 0,
         batch_size: int = 512,
         crop_padding: int = 4,
-        hflip: bool = True,
+        hflip: Flip = True,
         **kwargs,
     ) -> None:
         super().__init__(batch_size=batch_size, crop_padding=crop_padding, hflip=hflip, **kwargs)

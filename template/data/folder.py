@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
-from template.data.augment import channel_stats
+from template.data.augment import Flip, channel_stats
 from template.data.base import (  # one name a line: a renamed project's longer package name fits
     ImageDataModule,
     Split,
@@ -135,7 +135,7 @@ class ImageFolderDataModule(ImageDataModule):
         classes: list[str] | None = None,
         batch_size: int = 32,
         crop_padding: int = 4,
-        hflip: bool = True,
+        hflip: Flip = True,
         **kwargs,
     ) -> None:
         super().__init__(

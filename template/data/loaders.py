@@ -94,6 +94,8 @@ class ResumableSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.skip = 0
         self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
+        self.order: list[int] = []  # this rank's dataset indices of the epoch, in training order
+        self.coins: torch.Tensor | None = None  # each image's mirroring in even epochs (alternating_flips)
         # The DataLoader draws its workers' base seed from this, not from the global generator:
         # loading data then never moves the random stream that augmentation draws from.
         self.loader_generator = torch.Generator().manual_seed(seed)
@@ -106,4 +108,16 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         # The skip holds for the whole resumed epoch: Lightning may create its iterator twice.
-        return iter(list(super().__iter__())[self.skip :])
+        self.order = list(super().__iter__())
+        return iter(self.order[self.skip :])
+
+    def alternating_flips(self, count: int) -> torch.Tensor:
+        """Whether to mirror each of the next ``count`` training images (from ``consumed`` on): a coin per image,
+        drawn once from the seed, in even epochs and its opposite in odd ones. Every image is seen both ways in
+        every two epochs, where independent coins would show half of them one way only (airbench's
+        derandomised flip, Jordan 2024)."""
+        if self.coins is None or len(self.coins) != len(self.dataset):
+            generator = torch.Generator().manual_seed(self.seed)
+            self.coins = torch.randint(0, 2, (len(self.dataset),), generator=generator).bool()
+        index = torch.as_tensor(self.order[self.consumed : self.consumed + count], dtype=torch.long)
+        return self.coins[index] ^ bool(self.epoch % 2)

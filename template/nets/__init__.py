@@ -1,5 +1,6 @@
 """Networks: plain ``nn.Module``s that know nothing of Lightning."""
 
+from template.nets.airbench import AirbenchNet
 from template.nets.resnet import (
     BasicBlock,
     ResNet,
@@ -10,4 +11,4 @@ from template.nets.resnet import (
 )
 from template.nets.timm_models import timm_net
 
-__all__ = ["BasicBlock", "ResNet", "ResNet9", "ResNet18", "ResNet34", "ResNetSmall", "timm_net"]
+__all__ = ["AirbenchNet", "BasicBlock", "ResNet", "ResNet9", "ResNet18", "ResNet34", "ResNetSmall", "timm_net"]

@@ -1,0 +1,46 @@
+"""Initialisations computed from the training data when a fit starts: the filters of a whitening stem
+(``template.nets.layers.WhiteningConv``), or any layer with a ``fit(images)`` method, a ``fitted`` flag and
+a ``fit_images`` count. Global rank 0 computes them and the other processes receive its result, so every
+DDP replica starts from the same weights."""
+
+import lightning as L
+import torch
+from torch import nn
+
+from template.data.augment import center_crop, normalize
+
+
+def layers_to_fit(net: nn.Module) -> list[nn.Module]:
+    """The layers of ``net`` that initialise from data and have not yet (a restored checkpoint's have)."""
+    return [m for m in net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted") and not m.fitted]
+
+
+def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tensor:
+    """The first ``count`` training images as the network sees them unaugmented: (N, C, H, W) float, centre
+    at the training size, normalised with the training split's statistics."""
+    dataset = datamodule.datasets["train"]
+    images, _ = dataset.__getitems__(list(range(min(count, len(dataset)))))  # uint8 (N, C, H', W'), any source
+    images = center_crop(images, datamodule.image_size)
+    return normalize(images, datamodule.mean, datamodule.std)
+
+
+def init_from_data(module: L.LightningModule) -> None:
+    """Fit every layer of ``module.net`` that initialises from data (see the module's doc); a no-op without any."""
+    layers = layers_to_fit(module.net)
+    if not layers:
+        return
+    trainer = module.trainer
+    states = None
+    if trainer.is_global_zero:
+        if getattr(trainer, "datamodule", None) is None or "train" not in getattr(trainer.datamodule, "datasets", {}):
+            raise ValueError(
+                f"{type(layers[0]).__name__} computes its weights from the training images of an ImageDataModule "
+                "(template.data); this fit has none: train with one, or load weights that were fitted already"
+            )
+        images = training_images(trainer.datamodule, max(layer.fit_images for layer in layers))
+        for layer in layers:
+            layer.fit(images[: layer.fit_images])
+        states = [{key: value.cpu() for key, value in layer.state_dict().items()} for layer in layers]
+    states = trainer.strategy.broadcast(states, src=0)
+    for layer, state in zip(layers, states):
+        layer.load_state_dict(state)

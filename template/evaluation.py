@@ -1,0 +1,33 @@
+"""Test-time augmentation: the logits of an image averaged with those of its mirror image and of copies
+shifted a few pixels, so that evaluation, like training, sees each image in the poses it was trained on."""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def shifted(images: torch.Tensor, pixels: int) -> list[torch.Tensor]:
+    """Each image moved ``pixels`` up and left, and down and right (reflect padding), at its own size."""
+    height, width = images.shape[-2:]
+    if not 0 < pixels < min(height, width):  # reflect padding mirrors pixels inside the image
+        raise ValueError(f"tta_translate={pixels} must be from 1 to {min(height, width) - 1} pixels (0: no shifts)")
+    padded = F.pad(images, (pixels,) * 4, mode="reflect")  # (B, C, H + 2p, W + 2p)
+    return [padded[..., :height, :width], padded[..., 2 * pixels :, 2 * pixels :]]
+
+
+def multi_crop_logits(
+    forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, flip: bool, translate: int = 0
+) -> torch.Tensor:
+    """The logits of ``images`` (B, K): ``forward``'s, averaged with the mirror image's when ``flip``; with
+    ``translate`` pixels, half of the weight goes to the image as it is and half to the mean of its two
+    diagonal shifts (each with its mirror too), as airbench evaluates: the centred view counts most."""
+
+    def views(batch: torch.Tensor) -> torch.Tensor:
+        logits = forward(batch)
+        return (logits + forward(batch.flip(-1))) / 2 if flip else logits
+
+    logits = views(images)
+    if translate:
+        logits = (logits + torch.stack([views(crop) for crop in shifted(images, translate)]).mean(0)) / 2
+    return logits

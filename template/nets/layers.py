@@ -1,0 +1,81 @@
+"""Layers of airbench's network (Jordan, 2024, arXiv 2404.00498), each usable in any network: a stem of
+patch-whitening filters computed from the training images, identity (Dirac) initialisation of a
+convolution, and BatchNorm with its scale frozen and its shift learning faster."""
+
+import torch
+from torch import nn
+
+
+class WhiteningConv(nn.Conv2d):
+    """A ``kernel_size`` convolution without padding whose filters whiten the image's patches: the
+    eigenvectors of the training patches' covariance, each divided by the square root of its eigenvalue
+    (plus ``eps``), and their negatives (so a ReLU or GELU after it loses nothing), frozen. Its output
+    channels are ``2 * in_channels * kernel_size ** 2``.
+
+    Computed once, from data: ``fit`` takes normalised training images; at the start of training the module
+    calls it with the DataModule's first ``fit_images`` (``template.data_init``), unless the filters were
+    computed already (``fitted``: a checkpoint's or a resumed run's stay). Decorrelated, equally scaled
+    inputs make the first steps of SGD well conditioned: a large learning rate works from the start.
+
+    Args:
+        in_channels: channels of the input images.
+        kernel_size: side of the patches (2 in airbench).
+        eps: added to the eigenvalues; bounds the gain of the faintest directions (pixel noise).
+        fit_images: training images the covariance is taken from.
+    """
+
+    def __init__(self, in_channels: int = 3, kernel_size: int = 2, eps: float = 5e-4, fit_images: int = 5000) -> None:
+        super().__init__(in_channels, 2 * in_channels * kernel_size**2, kernel_size, padding=0, bias=True)
+        self.eps, self.fit_images = eps, fit_images
+        self.weight.requires_grad_(False)  # computed, not learned; the bias learns
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+
+    @torch.no_grad()
+    def fit(self, images: torch.Tensor) -> None:
+        """The filters from normalised images (N, C, H, W); in float64, in chunks (memory stays small)."""
+        side = self.kernel_size[0]
+        dims = self.in_channels * side * side
+        total, outer, count = torch.zeros(dims, dtype=torch.float64), torch.zeros(dims, dims, dtype=torch.float64), 0
+        for chunk in images.split(256):
+            patches = chunk.double().cpu().unfold(2, side, 1).unfold(3, side, 1)  # (B, C, H', W', k, k)
+            patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, dims)  # (B * H' * W', C * k * k)
+            total += patches.sum(0)
+            outer += patches.T @ patches
+            count += len(patches)
+        mean = total / count
+        covariance = outer / count - torch.outer(mean, mean)
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending; columns are the eigenvectors
+        filters = (eigenvectors.T / (eigenvalues.clamp_min(0) + self.eps).sqrt()[:, None]).flip(0)  # largest first
+        filters = filters.reshape(dims, self.in_channels, side, side)
+        self.weight.copy_(torch.cat([filters, -filters]).to(self.weight.dtype))
+        self.fitted.fill_(True)
+
+
+def identity_init_(conv: nn.Conv2d) -> nn.Conv2d:
+    """Make the first ``in_channels`` filters of ``conv`` pass their input through (a Dirac delta at the
+    kernel's centre; ``torch.nn.init.dirac_``), the others as they were. A deep plain network starts as a
+    shallower one plus learned extras, which trains in fewer steps (airbench; Zagoruyko & Komodakis, 2017)."""
+    with torch.no_grad():
+        nn.init.dirac_(conv.weight[: min(conv.out_channels, conv.in_channels)])
+    return conv
+
+
+class FrozenWeightBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose scale stays 1 and whose shift learns ``bias_lr_scale`` times faster than the other
+    parameters (``template.schedule.parameter_groups`` reads ``lr_scales``). Before a GELU that the next
+    convolution rescales anyway, a learned scale adds nothing but a direction to drift in; the shift, with
+    few parameters and small gradients, needs the larger rate (airbench: 64).
+
+    Args:
+        num_features: channels.
+        momentum: torch's convention (the weight of the new batch's statistics); airbench's 0.6 is 0.4 here.
+        eps: added to the variance; tiny, as the statistics of a batch of 1024 never vanish.
+        bias_lr_scale: the multiple of the learning rate the shift learns at.
+    """
+
+    def __init__(
+        self, num_features: int, momentum: float = 0.4, eps: float = 1e-12, bias_lr_scale: float = 64.0
+    ) -> None:
+        super().__init__(num_features, eps=eps, momentum=momentum)
+        self.weight.requires_grad_(False)
+        self.lr_scales = {"bias": bias_lr_scale}
