@@ -43,6 +43,7 @@ from template.options import (  # one name a line: a renamed project's longer pa
     with_record,
     without_data_options,
 )
+from template.plugins import SyncBatchNorm
 from template.restore import (
     Restored,
     fit_data,
@@ -68,16 +69,14 @@ CALLBACKS = {
 class ClassificationCLI(LightningCLI):
     """LightningCLI with this project's defaults, argument links and run summary."""
 
-    # (name, version) of the run directory under the TensorBoard logger's save_dir, when a
-    # command running many fits places them (template sweep, template cv); else the logger's own.
+    # (name, version) of the run directory under save_dir when a command places many fits (sweep, cv).
     run_name: tuple[str, str] | None = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # The best checkpoint, last.ckpt and the other callbacks; their settings are in DEFAULT_CONFIG.
         for section, callback in CALLBACKS.items():
             parser.add_lightning_class_args(callback, section)
-        # The DataModule knows the classes, channels and image size; the model is told, so they are never stated
-        # twice (the network's num_classes and in_channels, where it takes them: instantiate_classes).
+        # The data's classes, channels and size, told to the model (to the network: instantiate_classes).
         for key in ("num_classes", "class_names", "input_shape"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
         parser.add_argument("--weights_file", type=str | None, help="a state_dict the network starts from (README)")
@@ -88,8 +87,7 @@ class ClassificationCLI(LightningCLI):
         is the first --config after the recipe's defaults, which every --config file and option given
         overrides. Lightning's own reading of a checkpoint's hyper-parameters never sees it."""
         self.restored: Restored | None = None
-        # Printed here, after the changes below, not by jsonargparse in the middle of parsing: what runs.
-        printing = [token for token in args if token.split("=")[0] == "--print_config"]
+        printing = [token for token in args if token.split("=")[0] == "--print_config"]  # at the end: what runs
         args = [token for token in args if token not in printing]
         ckpt_given = names_checkpoint(args)
         # --data options may be for the checkpoint's DataModule, not yet known: left out until it is.
@@ -160,6 +158,10 @@ class ClassificationCLI(LightningCLI):
             fit_data(self.restored, self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
+        trainer_config = (self.config_init.get(str(self.subcommand)) or self.config_init).get("trainer") or {}
+        if trainer_config.get("sync_batchnorm"):  # timm's norm-and-activation layers kept whole (template.plugins)
+            plugins = trainer_config.get("plugins") or []
+            kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), SyncBatchNorm()]
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
             # In the training thread, not Lightning's AsyncCheckpointIO: ModelCheckpoint deletes the previous best

@@ -1,6 +1,7 @@
 """A timm network from YAML: weights from a test-made Hugging Face cache or a file, the data following the
 weights' preprocessing, layer-wise LR decay, and every command on it."""
 
+import copy
 import functools
 import json
 import shutil
@@ -19,6 +20,7 @@ from template.data import ImageFolderDataModule
 from template.data.cache import decode
 from template.module import ClassificationModule
 from template.nets import ResNetSmall, timm_net
+from template.plugins import SyncBatchNorm
 
 timm = pytest.importorskip("timm")  # in the dev extra: always here in CI
 REPO = Path(__file__).resolve().parents[1]
@@ -181,3 +183,13 @@ def test_grey_images_take_the_weights_statistics_averaged_over_the_colours(hf_ca
     built_ = built(clone, "--data.channels", "grayscale", "--data.image_size", "32")
     assert built_.datamodule.given_stats == ([sum(config.mean) / 3], [sum(config.std) / 3])
     assert built_.model.net.conv_stem.in_channels == 1  # timm summed the pretrained filters over the colours
+
+
+def test_sync_batchnorm_keeps_timms_norm_and_activation_layers_whole():
+    """torch's conversion keeps a BatchNormAct2d's statistics and silently drops its activation."""
+    torch.manual_seed(0)
+    net = timm_net("mobilenetv3_small_050", num_classes=3).eval()
+    images = torch.randn(2, 3, 32, 32)
+    converted = SyncBatchNorm().apply(copy.deepcopy(net)).eval()
+    assert any(type(module).__name__ == "SyncBatchNormAct" for module in converted.modules())
+    torch.testing.assert_close(converted(images), net(images))
