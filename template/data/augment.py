@@ -7,7 +7,8 @@ trains one recipe whichever path the images took:
 
     training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
                  or centre (H, W) -> random crop (crop_padding, reflect)
-               -> mirror (hflip: at random, or each image on alternate epochs) -> policy (TrivialAugmentWide or RandAugment), on uint8
+               -> mirror (hflip: at random, or each image on alternate epochs)
+               -> policy (TrivialAugmentWide or RandAugment), on uint8
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
@@ -26,9 +27,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 Policy = Literal["trivialaugment", "randaugment"]
-Flip = (
-    bool | Literal["alternate"]
-)  # "alternate": each image mirrored every other epoch (ResumableSampler.alternating_flips)
+Flip = bool | Literal["alternate"]  # "alternate": each image on alternate epochs (ResumableSampler.alternating_flips)
 POLICIES = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
 GROUPS = 16  # random draws per batch of the v2 transforms: see per_group
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop aspect ratios
