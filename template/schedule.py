@@ -27,6 +27,7 @@ class WarmupCosine(LRScheduler):
         warmup_fraction: share of ``total_steps`` spent warming up linearly.
         min_lr_ratio: floor of the cosine, as a fraction of the peak.
         cycles: number of cosine cycles after warmup (1: no restarts).
+        warmup_start: the warmup's first factor of the peak (0: from its first step's share).
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class WarmupCosine(LRScheduler):
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.0,
         cycles: int = 1,
+        warmup_start: float = 0.0,
         last_epoch: int = -1,
     ) -> None:
         if total_steps is None or total_steps < 1:
@@ -44,18 +46,18 @@ class WarmupCosine(LRScheduler):
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-        if cycles < 1:
-            raise ValueError(f"cycles must be at least 1, got {cycles}")
+        if cycles < 1 or not 0.0 <= warmup_start <= 1.0:
+            raise ValueError(f"cycles must be at least 1 and warmup_start in [0, 1], got {cycles}, {warmup_start}")
         self.total_steps = total_steps
         self.warmup_steps = round(warmup_fraction * total_steps)
         self.min_lr_ratio = min_lr_ratio
-        self.cycles = cycles
+        self.cycles, self.warmup_start = cycles, warmup_start
         super().__init__(optimizer, last_epoch)
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps  # never 0: the first step is not wasted
+        if step < self.warmup_steps:  # never 0: the first step is not wasted
+            return self.warmup_start + (1 - self.warmup_start) * (step + 1) / self.warmup_steps
         decay_steps = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / decay_steps)
         cycle_progress = 1.0 if progress == 1.0 else (progress * self.cycles) % 1.0
@@ -92,7 +94,7 @@ class WarmupLinear(WarmupCosine):
 
     def lr_factor(self, step: int) -> float:
         if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+            return self.warmup_start + (1 - self.warmup_start) * (step + 1) / self.warmup_steps
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * (1.0 - progress)
 

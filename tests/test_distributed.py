@@ -221,3 +221,17 @@ def test_ema_weights_are_validated_checkpointed_and_kept_at_the_end(run_cli):
     assert not torch.equal(ema["net.head.weight"], raw["net.head.weight"])
     for name, value in run.model.state_dict().items():  # at the end, training leaves the EMA weights
         torch.testing.assert_close(value, ema[name], msg=name)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_trains_a_timm_network_with_the_fine_tuning_recipe(tmp_path):
+    """timm's network, its layer-wise LR decay, the frozen-then-unfrozen backbone and EMA, across two processes."""
+    pytest.importorskip("timm")
+    timm_net = ["--model.net", "template.nets.timm_net", "--model.net.name", "mobilenetv3_small_050"]
+    recipe = ["--model.layer_decay", "0.7", "--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    recipe += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging"]
+    ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    tiny = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"]
+    output = finished(fit(tmp_path, *ddp, *timm_net, *recipe, "--data.global_batch_size", "64", *tiny), timeout=300)
+    assert "run summary" in output and "Starting with 2 processes" in output
+    assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
