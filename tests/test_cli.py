@@ -138,6 +138,7 @@ def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_conf
 CONFIG_SETS = [
     ["configs/cifar10_resnet18.yaml"],
     ["configs/cifar10_fast.yaml"],
+    ["configs/cifar10_airbench.yaml"],
     ["configs/imagefolder.yaml"],
     ["configs/imagefolder.yaml", "configs/finetune.yaml"],
     ["configs/imagefolder.yaml", "configs/augment/light.yaml"],
