@@ -74,7 +74,7 @@ def test_missing_weights_are_one_line_naming_the_model_tag_and_where_it_looked(c
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     with pytest.raises(SystemExit):
         main(["fit", *CONFIGS, "--data.root", str(clone)])
-    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("template: error")]
+    error = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
     assert len(error) == 1
     for part in ("mobilenetv3_small_050 (tag lamb_in1k)", str(tmp_path / "empty"), "--weights_file", "downloaded"):
         assert part in error[0]

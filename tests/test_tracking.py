@@ -18,7 +18,13 @@ from jsonargparse import Namespace
 
 from template.checkpoints import DamagedCheckpointError
 from template.cli import PROGRAM
-from template.tracking import TRACKER_RUNS, continue_tracker_runs, flattened, resolve_trackers, tracker_runs
+from template.tracking import (
+    TRACKER_RUNS,
+    continue_tracker_runs,
+    flattened,
+    resolve_trackers,
+    tracker_runs,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"

@@ -114,7 +114,11 @@ def timm_net(
     settings = {"num_classes": num_classes, "in_chans": in_channels, "drop_rate": drop_rate, **options}
     if config is None:
         return create(timm, name, pretrained=False, **settings)
-    from template.checkpoints import read_weights, strip_prefixes, weights_limit  # files: not the network's code
+    from template.checkpoints import (  # files are read there, not by the network's code
+        read_weights,
+        strip_prefixes,
+        weights_limit,
+    )
 
     with torch.device("meta"):  # what the weights must be, before any is read
         expected = create(timm, name, pretrained=False, **settings)
