@@ -16,10 +16,13 @@ def layers_to_fit(net: nn.Module) -> list[nn.Module]:
 
 
 def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tensor:
-    """The first ``count`` training images as the network sees them unaugmented: (N, C, H, W) float, centre
-    at the training size, normalised with the training split's statistics."""
+    """``count`` training images drawn at random (seed 0: the same for every run on the same data) as the network
+    sees them unaugmented: (N, C, H, W) float, centre at the training size, normalised with the training split's
+    statistics. At random, not the first: an image folder lists its classes one after another, and the first
+    5,000 images of CIFAR-10's would all be aeroplanes (a whitening fitted to skies)."""
     dataset = datamodule.datasets["train"]
-    images, _ = dataset.__getitems__(list(range(min(count, len(dataset)))))  # uint8 (N, C, H', W'), any source
+    chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:count].sort().values
+    images, _ = dataset.__getitems__(chosen.tolist())  # uint8 (N, C, H', W'), any source
     images = center_crop(images, datamodule.image_size)
     return normalize(images, datamodule.mean, datamodule.std)
 

@@ -187,7 +187,7 @@ class ClassificationModule(L.LightningModule):
     def configure_optimizers(self) -> dict:
         steps = lambda: int(self.trainer.estimated_stepping_batches)  # noqa: E731  (asked only by what plans the run)
         groups = parameter_groups(self.net, self.layer_decay)
-        optimizer = build_optimizer(self.optimizer, self.hparams.get("optimizer"), groups, steps)
+        optimizer = build_optimizer(self.optimizer, self.hparams.get("optimizer"), groups, steps, self.net.buffers())
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}
         scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, steps)

@@ -60,6 +60,14 @@ class Lookahead(Optimizer):
         self.param_groups = self.optimizer.param_groups  # one list: a schedule's change reaches the inner optimizer
         self.k, self.alpha, self.alpha_power, self.total_steps = k, alpha, alpha_power, total_steps
         self.steps = 0
+        self.buffers: list[torch.Tensor] = []  # follow_buffers: the network's statistics, averaged as the weights
+        self.slow_buffers: list[torch.Tensor] = []
+
+    def follow_buffers(self, buffers: Iterable[torch.Tensor]) -> None:
+        """Average these floating-point buffers (BatchNorm's running statistics) with the weights: the slow weights
+        the run ends on then come with the statistics of the slow weights, not of the last fast steps
+        (``template.schedule.build_optimizer`` passes the network's)."""
+        self.buffers = [buffer for buffer in buffers if buffer.is_floating_point()]
 
     def alpha_at(self, step: int) -> float:
         """The share the slow weights move at optimizer step ``step`` (counted from 1)."""
@@ -74,24 +82,37 @@ class Lookahead(Optimizer):
             for parameter in group["params"]:
                 if "slow" not in self.state[parameter]:
                     self.state[parameter]["slow"] = parameter.detach().clone()
+        if len(self.slow_buffers) != len(self.buffers):
+            self.slow_buffers = [buffer.detach().clone() for buffer in self.buffers]
         loss = self.optimizer.step(closure)
         self.steps += 1
         update = self.steps % self.k == 0
         if update or self.steps == self.total_steps:  # the run ends on the slow weights, as Zhang et al. evaluate
             alpha = self.alpha_at(self.steps)
-            for group in self.param_groups:
-                for parameter in group["params"]:
-                    slow = self.state[parameter]["slow"]
-                    if update:
-                        slow.lerp_(parameter, alpha)
-                    parameter.copy_(slow)
+            pairs = [(self.state[p]["slow"], p) for group in self.param_groups for p in group["params"]]
+            for slow, fast in pairs + list(zip(self.slow_buffers, self.buffers)):
+                if update:
+                    slow.lerp_(fast, alpha)
+                fast.copy_(slow)
         return loss
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "lookahead": super().state_dict(), "steps": self.steps}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "lookahead": super().state_dict(),
+            "steps": self.steps,
+            "slow_buffers": self.slow_buffers,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict["optimizer"])
         super().load_state_dict(state_dict["lookahead"])
         self.param_groups = self.optimizer.param_groups  # loading made new group dicts: share the inner's again
         self.steps = state_dict["steps"]
+        saved = state_dict.get("slow_buffers", [])  # none before the first step
+        if saved and [b.shape for b in saved] != [b.shape for b in self.buffers]:
+            raise ValueError(
+                f"Lookahead: the state holds {len(saved)} averaged buffers of other shapes than this network's "
+                f"{len(self.buffers)}: it was saved from another network"
+            )
+        self.slow_buffers = [value.to(buffer.device, buffer.dtype) for value, buffer in zip(saved, self.buffers)]

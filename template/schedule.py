@@ -5,7 +5,7 @@ scale a network asks for) and the optimizer built from them."""
 import inspect
 import math
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -99,11 +99,17 @@ class WarmupLinear(WarmupCosine):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * (1.0 - progress)
 
 
-def build_optimizer(make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int]) -> Optimizer:
+def build_optimizer(
+    make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int], buffers: Iterable = ()
+) -> Optimizer:
     """The optimizer ``make`` builds for parameter ``groups``: one that takes ``total_steps`` (Lookahead) gets
     the run's, as a schedule does (``build_scheduler``). A group's ``lr_scale`` multiplies its learning rate,
-    and its ``weight_decay_scale`` its weight decay (``parameter_groups`` sets them)."""
+    and its ``weight_decay_scale`` its weight decay (``parameter_groups`` sets them). One that averages weights
+    (Lookahead's ``follow_buffers``) gets the network's ``buffers`` too: BatchNorm's statistics must be those of
+    the weights the run ends on."""
     optimizer = build_scheduler(make, config, groups, total_steps)
+    if callable(getattr(optimizer, "follow_buffers", None)):
+        optimizer.follow_buffers(buffers)
     for group in optimizer.param_groups:
         group["lr"] *= group.pop("lr_scale", 1.0)
         if "weight_decay_scale" in group:

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_image_folder
 from torch import nn
 
 from template.data.augment import augment
 from template.data.loaders import ResumableSampler, TensorImageDataset
+from template.data_init import training_images
 from template.evaluation import multi_crop_logits
 from template.nets import AirbenchNet
 from template.nets.layers import FrozenWeightBatchNorm, WhiteningConv, identity_init_
@@ -34,6 +36,21 @@ def test_whitening_filters_whiten_the_patches_of_the_images_they_were_fitted_on(
     assert torch.allclose(covariance, torch.eye(12, dtype=torch.float64), atol=1e-3)
     assert torch.equal(stem.weight[12:], -stem.weight[:12]) and bool(stem.fitted)
     assert not stem.weight.requires_grad and stem.bias.requires_grad
+
+
+def test_the_whitening_stem_is_fitted_when_the_fit_starts_on_images_of_every_class(run_cli, tmp_path):
+    # An image folder lists its classes one after another: the first images would all be of one class.
+    root = write_image_folder(tmp_path / "images", per_class=12, size=(32, 32))  # red, green and blue classes
+    args = ["--data", "template.data.ImageFolderDataModule", "--data.root", str(root), "--data.num_workers", "0",
+            "--data.batch_size", "8", "--model.net", "template.nets.AirbenchNet", "--model.net.widths", "[4, 8, 8]",
+            "--model.net.whiten_images", "8", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1"]  # fmt: skip
+    fitted = run_cli("fit", *args)
+    stem, data = fitted.model.net.whiten, fitted.datamodule
+    images = training_images(data, 8)
+    assert len(set(images.mean(dim=(2, 3)).argmax(dim=1).tolist())) >= 2  # the dominant colour: the class
+    expected = WhiteningConv(3, kernel_size=2)
+    expected.fit(images)
+    assert bool(stem.fitted) and torch.allclose(stem.weight, expected.weight)  # frozen since: as fitted
 
 
 def test_identity_initialised_convolutions_pass_their_input_through():
@@ -91,6 +108,27 @@ def test_lookahead_ends_on_the_slow_weights_and_resumes_from_its_state():
     other.load_state_dict(lookahead.state_dict())
     assert other.steps == 7 and other.param_groups is other.optimizer.param_groups
     assert len(other.optimizer.state_dict()["state"]) == 1  # the momentum buffer came back too
+
+
+def test_lookahead_averages_the_batchnorm_statistics_with_the_weights():
+    # The run ends on the slow weights: their BatchNorm statistics must be averaged alike, not left at the last
+    # fast steps' (a network evaluated with another's statistics is silently worse).
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    make = partial(Lookahead, optimizer=partial(torch.optim.SGD, lr=0.1), k=2, alpha=0.5)
+    lookahead = build_optimizer(make, None, parameter_groups(net), 10, net.buffers())
+    before, after = [], []  # the running mean after each step's batch, and after its optimizer step
+    for step in range(4):
+        net(torch.randn(8, 3) + step).sum().backward()
+        before.append(net[1].running_mean.clone())
+        lookahead.step()
+        lookahead.zero_grad()
+        after.append(net[1].running_mean.clone())
+    slow = before[0].lerp(before[1], 0.5)  # the slow copy starts at the first step
+    assert torch.allclose(after[1], slow) and torch.equal(after[2], before[2])  # updated at step 2, not at 3
+    assert torch.allclose(after[3], slow.lerp(before[3], 0.5)) and len(lookahead.slow_buffers) == 2  # not the count
+    other = build_optimizer(make, None, parameter_groups(net), 10, net.buffers())
+    other.load_state_dict(lookahead.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(other.slow_buffers, lookahead.slow_buffers))
 
 
 def test_alternating_flip_mirrors_each_image_on_alternate_epochs():

@@ -13,7 +13,7 @@ class WhiteningConv(nn.Conv2d):
     channels are ``2 * in_channels * kernel_size ** 2``.
 
     Computed once, from data: ``fit`` takes normalised training images; at the start of training the module
-    calls it with the DataModule's first ``fit_images`` (``template.data_init``), unless the filters were
+    calls it with ``fit_images`` training images drawn at random (``template.data_init``), unless the filters were
     computed already (``fitted``: a checkpoint's or a resumed run's stay). Decorrelated, equally scaled
     inputs make the first steps of SGD well conditioned: a large learning rate works from the start.
 
