@@ -42,10 +42,15 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
         with torch.no_grad():
             output = net(torch.zeros(2, *input_shape))
     except RuntimeError as error:
+        advice = "Choose a network that takes in_channels, or data with the channels it expects (data.channels)"
+        if takes_larger(net, input_shape):  # the channels are right: the images are too small for its pooling
+            advice = (
+                f"It takes larger images of these channels: {input_shape[1]}x{input_shape[2]} pixels are pooled away "
+                "before its head. Use larger images (data.image_size) or a network that downsamples less"
+            )
         raise ValueError(
             f"the network {type(net).__name__} does not take the data's inputs (channels, height, width) "
-            f"{list(input_shape)}: {str(error).splitlines()[0]}. Choose a network that takes in_channels, "
-            "or data with the channels it expects (e.g. data.channels: rgb)"
+            f"{list(input_shape)}: {str(error).splitlines()[0]}. {advice}"
         ) from None
     finally:
         net.train(training)
@@ -55,3 +60,13 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
             f"the network {type(net).__name__} gives outputs of shape {shape} for 2 images, not [2, {num_classes}] "
             f"(one logit per class of the data); give it num_classes, or a head with {num_classes} outputs"
         )
+
+
+def takes_larger(net: nn.Module, input_shape: tuple[int, int, int], side: int = 224) -> bool:
+    """Whether ``net`` runs on images of the same channels at ``side`` x ``side`` pixels."""
+    try:
+        with torch.no_grad():
+            net(torch.zeros(1, input_shape[0], side, side))
+    except RuntimeError:
+        return False
+    return True

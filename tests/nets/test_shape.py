@@ -28,6 +28,8 @@ def torchvision_models():
 def test_a_network_that_does_not_fit_the_data_is_named_before_training():
     with pytest.raises(ValueError, match=r"does not take the data's inputs .* \[1, 8, 8\]: .*3 channels"):
         check_fits(torchvision_models().resnet18(num_classes=10), (1, 8, 8), 10)
+    with pytest.raises(ValueError, match=r"\[1, 8, 8\]: .*too small. .*8x8 pixels are pooled away.*data.image_size"):
+        check_fits(nn.Sequential(nn.MaxPool2d(4), nn.MaxPool2d(4), nn.Flatten(), nn.LazyLinear(10)), (1, 8, 8), 10)
     with pytest.raises(ValueError, match=r"outputs of shape \[2, 64\] for 2 images, not \[2, 10\]"):
         check_fits(nn.Flatten(), (1, 8, 8), 10)
     net = nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64), nn.Linear(64, 10))
