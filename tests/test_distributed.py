@@ -235,3 +235,41 @@ def test_two_process_ddp_trains_a_timm_network_with_the_fine_tuning_recipe(tmp_p
     output = finished(fit(tmp_path, *ddp, *timm_net, *recipe, "--data.global_batch_size", "64", *tiny), timeout=300)
     assert "run summary" in output and "Starting with 2 processes" in output
     assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
+
+
+PROBE = '''
+import lightning as L
+import torch
+
+
+class WhiteningProbe(L.Callback):
+    """Saves this rank's whitening filters as training starts (after the stem was fitted and broadcast)."""
+
+    def on_train_start(self, trainer, pl_module):
+        torch.save(pl_module.net.whiten.weight.detach().clone(), f"whiten_rank{trainer.global_rank}.pt")
+'''
+
+
+@pytest.mark.slow
+def test_two_process_ddp_fits_the_whitening_stem_on_rank_zero_and_every_rank_gets_it(tmp_path):
+    from conftest import write_image_folder
+
+    (tmp_path / "probe.py").write_text(PROBE)  # python -m puts the working directory on the path
+    root = write_image_folder(tmp_path / "images", per_class=12, size=(32, 32))
+    data = ["--data", "template.data.ImageFolderDataModule", "--data.root", str(root), "--data.num_workers", "0"]
+    net = [
+        "--model.net",
+        "template.nets.AirbenchNet",
+        "--model.net.widths",
+        "[4, 8, 8]",
+        "--model.net.whiten_images",
+        "8",
+    ]
+    ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    tiny = ["--data.global_batch_size", "8", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
+    finished(fit(tmp_path, *ddp, *data, *net, *tiny, "--trainer.callbacks+=probe.WhiteningProbe"))
+    zero, one = torch.load(tmp_path / "whiten_rank0.pt"), torch.load(tmp_path / "whiten_rank1.pt")
+    assert torch.equal(zero, one) and zero.abs().sum() > 0
+    checkpoint = torch.load(next((tmp_path / "runs").rglob("last.ckpt")), weights_only=True)
+    assert torch.equal(checkpoint["state_dict"]["net.whiten.weight"], zero)
+    assert bool(checkpoint["state_dict"]["net.whiten.fitted"])
