@@ -160,6 +160,8 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
             raise DamagedCheckpointError(
                 f"{path} is malformed: its {key} is a {type(checkpoint[key]).__name__}, not a {kind.__name__}"
             )
+    if "state_dict" not in checkpoint:
+        raise DamagedCheckpointError(f"{path} is malformed: a Lightning checkpoint without a state_dict (no weights)")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["state_dict"].items()):
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
     if tensors:

@@ -329,8 +329,12 @@ def test_a_plain_state_dict_or_malformed_checkpoint_is_named_as_such(trained, tm
     malformed = torch.load(trained, weights_only=True)
     malformed["callbacks"] = ["not", "a", "dict"]
     torch.save(malformed, tmp_path / "malformed.ckpt")
+    stateless = {key: value for key, value in malformed.items() if key not in ("state_dict", "callbacks")}
+    torch.save(stateless, tmp_path / "stateless.ckpt")
     monkeypatch.chdir(tmp_path)
-    for path, says in (("weights.pt", "not a Lightning checkpoint"), ("malformed.ckpt", "its callbacks is a list")):
+    named = {"weights.pt": "not a Lightning checkpoint", "malformed.ckpt": "its callbacks is a list",
+             "stateless.ckpt": "without a state_dict"}  # fmt: skip
+    for path, says in named.items():
         with pytest.raises(SystemExit):
             cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
         assert says in capsys.readouterr().err
