@@ -105,14 +105,25 @@ class Lookahead(Optimizer):
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.optimizer.load_state_dict(state_dict["optimizer"])
-        super().load_state_dict(state_dict["lookahead"])
-        self.param_groups = self.optimizer.param_groups  # loading made new group dicts: share the inner's again
-        self.steps = state_dict["steps"]
-        saved = state_dict.get("slow_buffers", [])  # none before the first step
+        steps, saved = state_dict.get("steps"), state_dict.get("slow_buffers", [])  # no buffers before a first step
+        inner = [state_dict.get(key) for key in ("optimizer", "lookahead")]
+        if (
+            not all(isinstance(x, dict) for x in inner)
+            or not isinstance(steps, int)
+            or not isinstance(saved, list)
+            or not all(torch.is_tensor(b) for b in saved)
+        ):
+            raise ValueError(
+                "Lookahead: the optimizer state is damaged: it needs the inner and own states (dicts), steps (a "
+                f"count; got {type(steps).__name__}) and slow_buffers (a list of tensors; got {type(saved).__name__})"
+            )
         if saved and [b.shape for b in saved] != [b.shape for b in self.buffers]:
             raise ValueError(
                 f"Lookahead: the state holds {len(saved)} averaged buffers of other shapes than this network's "
                 f"{len(self.buffers)}: it was saved from another network"
             )
+        self.optimizer.load_state_dict(inner[0])
+        super().load_state_dict(inner[1])
+        self.param_groups = self.optimizer.param_groups  # loading made new group dicts: share the inner's again
+        self.steps = steps
         self.slow_buffers = [value.to(buffer.device, buffer.dtype) for value, buffer in zip(saved, self.buffers)]

@@ -131,6 +131,24 @@ def test_lookahead_averages_the_batchnorm_statistics_with_the_weights():
     assert all(torch.equal(a, b) for a, b in zip(other.slow_buffers, lookahead.slow_buffers))
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [{"slow_buffers": [1, "x"]}, {"slow_buffers": "x"}, {"steps": "3"}, {"optimizer": None}],
+    ids=["buffers-not-tensors", "buffers-not-a-list", "steps-not-a-count", "no-inner-state"],
+)
+def test_a_damaged_lookahead_state_is_named_and_changes_nothing(damage):
+    # The optimizer state comes from a checkpoint file: a damaged one must say so, not fail inside torch.
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    make = partial(Lookahead, optimizer=partial(torch.optim.SGD, lr=0.1, momentum=0.9), k=2)
+    lookahead = build_optimizer(make, None, parameter_groups(net), 10, net.buffers())
+    net(torch.randn(8, 3)).sum().backward()
+    lookahead.step()
+    other = build_optimizer(make, None, parameter_groups(net), 10, net.buffers())
+    with pytest.raises(ValueError, match="damaged"):
+        other.load_state_dict(lookahead.state_dict() | damage)
+    assert other.steps == 0 and not other.optimizer.state  # nothing half-loaded
+
+
 def test_alternating_flip_mirrors_each_image_on_alternate_epochs():
     images = torch.arange(12 * 4, dtype=torch.uint8).view(12, 1, 2, 2)  # each image differs from its mirror
     sampler = ResumableSampler(TensorImageDataset(images, torch.zeros(12, dtype=torch.long)), 1, 0, seed=3)
