@@ -4,7 +4,6 @@ say what data and run they came from."""
 import errno
 import hashlib
 import io
-import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -36,10 +35,9 @@ class DamagedCheckpointError(CheckpointError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer with what its atomic save lacks (it writes in the system's temporary folder,
-    then moves the file over: from another disk, a copy that a kill leaves half done): the temporary file beside
-    the target, never a followed link, on disk (fsync) before the rename; a failed write that says why (a full
-    disk names the directory), the previous file intact; dead writers' temporary files removed; a digest."""
+    """Lightning's checkpoint writer with what its save lacks (its temporary file, in the system's folder, is a
+    copy a kill can leave half done): the temporary file beside the target, never a followed link, fsynced before
+    the rename; a failed write says why, the previous file intact; dead writers' files removed; a digest."""
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -115,23 +113,13 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
 
 
 # What a Lightning checkpoint holds at its top level, with the type each entry must have.
-LAYOUT = {
-    "pytorch-lightning_version": str,
-    "state_dict": dict,
-    "epoch": int,
-    "global_step": int,
-    "hyper_parameters": dict,
-    "datamodule_hyper_parameters": dict,
-    "optimizer_states": list,
-    "lr_schedulers": list,
-    "callbacks": dict,
-    "loops": dict,
-}
+LAYOUT = {"pytorch-lightning_version": str, "epoch": int, "global_step": int}
+LAYOUT |= dict.fromkeys(("optimizer_states", "lr_schedulers"), list)
+LAYOUT |= dict.fromkeys(("state_dict", "hyper_parameters", "datamodule_hyper_parameters", "callbacks", "loops"), dict)
 
 
 def read_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
-    """``load_checkpoint``, for a Lightning checkpoint only. What its hyper-parameters name is
-    ``template.restore``'s."""
+    """``load_checkpoint``, for a Lightning checkpoint only (what it names is ``template.restore``'s to read)."""
     checkpoint = load_checkpoint(path, tensors)
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         raise CheckpointError(
@@ -185,9 +173,7 @@ def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor
     """``state_dict`` keyed as ``net``'s own (wrapper and ``net.`` prefixes dropped), and the keys it lacks,
     the keys ``net`` lacks, and the keys of both whose shapes differ."""
     state_dict = state_dict.get("state_dict", state_dict)
-    stripped = strip_prefixes(state_dict, "net.")
-    if not stripped:  # a plain network state_dict, without the module's prefix
-        stripped = strip_prefixes(state_dict)
+    stripped = strip_prefixes(state_dict, "net.") or strip_prefixes(state_dict)  # or a network's, with no "net."
     expected = net.state_dict()
     missing = sorted(set(expected) - set(stripped))
     unexpected = sorted(set(stripped) - set(expected))
@@ -200,15 +186,11 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
     ``match_keys`` does. With ``strict`` a key that does not match is an error naming it; without, a line."""
     state_dict = load_checkpoint(source) if isinstance(source, str | Path) else source
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
-    report = []
-    if missing:
-        report.append(f"missing from the checkpoint: {', '.join(missing)}")
-    if unexpected:
-        report.append(f"not in the network: {', '.join(unexpected)}")
-    if mismatched:
-        expected = net.state_dict()
-        shapes = (f"{k} {tuple(stripped[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched)
-        report.append(f"different shapes (checkpoint vs network): {', '.join(shapes)}")
+    expected = net.state_dict()
+    shapes = [f"{k} {tuple(stripped[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched]
+    named = (("missing from the checkpoint", missing), ("not in the network", unexpected))
+    named += (("different shapes (checkpoint vs network)", shapes),)
+    report = [f"{what}: {', '.join(keys)}" for what, keys in named if keys]
     if report and strict:
         raise RuntimeError("weights do not match the network; " + "; ".join(report) + " (strict: false loads the rest)")
     for line in report:
@@ -217,24 +199,16 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
 
 
 def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file, read without running any code it could carry: safetensors, or a
-    ``torch.save`` file (a state_dict, or a Lightning checkpoint) after ``load_checkpoint``'s checks. Their
-    sizes, as the file declares them, must add up to at most ``limit`` bytes before any is read (a few times
-    the network's own: a file of holes or of another network's size is refused, not allocated), and their
-    values must be finite."""
+    """The finite tensors of a weights file, read without running any code it could carry: safetensors, or a
+    ``torch.save`` file after ``load_checkpoint``'s checks. Their sizes must add up to at most ``limit`` bytes
+    before any is read: a file of holes or of another network's size is refused, not allocated."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path}: {'not a regular file' if path.exists() else 'no such file'}")
     if path.suffix == ".safetensors":
+        check_size(path.stat().st_size, limit, path)  # safetensors refuses tensors that do not cover the file exactly
         try:
-            with safetensors.safe_open(path, "pt", device="cpu") as file:  # the header alone, until get_tensor
-                declared = {key: file.get_slice(key) for key in file.keys()}
-                sizes = {
-                    key: math.prod(part.get_shape()) * DTYPE_BYTES.get(part.get_dtype(), 8)
-                    for key, part in declared.items()
-                }
-                check_size(sum(sizes.values()), limit, path)
-                state_dict = {key: file.get_tensor(key) for key in declared}
+            state_dict = safetensors.torch.load_file(path)
         except (OSError, safetensors.SafetensorError) as error:
             raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
     else:
@@ -251,13 +225,10 @@ def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-
-
 def check_size(declared: int, limit: int, path: Path) -> None:
     if declared > limit:
         raise DamagedCheckpointError(
-            f"refusing {path}: its tensors declare {declared / 2**20:,.0f} MiB, more than the network could take "
+            f"refusing {path}: its tensors take {declared / 2**20:,.0f} MiB, more than the network could take "
             f"({limit / 2**20:,.0f} MiB): the weights of another, larger network, or a damaged file"
         )
 
@@ -273,8 +244,8 @@ def weights_limit(net: nn.Module) -> int:
 
 
 def check_tensors(value: Any, source: str) -> None:
-    """Refuse tensors that claim more elements than their file stores (``expand``'s zero strides, a sparse
-    layout): a few bytes would become gigabytes when copied, hashed or loaded. And at most MAX_TENSORS."""
+    """Refuse more than MAX_TENSORS tensors, and any that claims more elements than its file stores (``expand``'s
+    zero strides, a sparse layout): a few bytes would become gigabytes when copied, hashed or loaded."""
     for count, (name, tensor) in enumerate(_tensors(value), 1):
         if count > MAX_TENSORS:
             raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
@@ -287,10 +258,9 @@ def check_tensors(value: Any, source: str) -> None:
 
 
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
-    """Start ``net`` from the weights in ``path``, all but the classifier ``head``'s (a module name, such as
-    ``fc``) where the file's are another shape (another class count) or absent. Any other mismatch means another
-    network (resnet34's weights for a resnet18 share the first 120 tensors): an error naming the tensors, not a
-    network half trained and half new."""
+    """Start ``net`` from the weights in ``path``, all but the classifier ``head``'s (``fc``, say) where the file's
+    are absent or of another class count. Any other mismatch is another network (resnet34's weights share a
+    resnet18's first 120 tensors): an error naming the tensors, not a network half trained and half new."""
     state_dict = read_weights(path, weights_limit(net))
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     in_common = set(stripped) & set(net.state_dict())
@@ -334,8 +304,7 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
 
 
 def monitored_score(path: Path) -> tuple[bool, float]:
-    """(found, score oriented so that higher is better) of the monitored metric a checkpoint was saved
-    for, from the state of the ModelCheckpoint that wrote it: its score when it was saved."""
+    """(found, score, higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored."""
     check_checkpoint_is_safe(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     for name, state in (checkpoint.get("callbacks") or {}).items():
@@ -387,10 +356,9 @@ def verify_digest(checkpoint: dict, source: str) -> None:
 
 
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
-    """Keep, in the ModelCheckpoint states of ``checkpoint``, only the paths of .ckpt files beside it, and only
-    where it lies in a run's checkpoints/ folder (beside the run's config.yaml): Lightning deletes the files these
-    paths name when better ones replace them, and its own check that they lie inside the checkpoint directory
-    compares text, which ``..`` and links get past."""
+    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files beside it in a run's checkpoints/
+    folder: Lightning deletes the files they name when better ones replace them, and its own check that they lie
+    inside the checkpoint directory compares text, which ``..`` and links get past."""
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
@@ -413,7 +381,6 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
             dropped += [f"best_k_models[{path!r}]" for path in best_k if not inside(path)]
             state["best_k_models"] = {path: score for path, score in best_k.items() if inside(path)}
         # Only where it is news: a checkpoint copied out of its run (a download) is expected to point elsewhere.
-        # Python's warnings show a message repeated from one place once.
         if dropped and in_a_run:
             rank_zero_warn(
                 f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve inside "
