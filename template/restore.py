@@ -1,15 +1,11 @@
-"""The one way in from a checkpoint: read it, and its run's record, as data, never as a program.
+"""The one way in from a checkpoint and its run's record: read as data, never as a program.
 
-What is taken from a file is a closed schema: the LightningModule, its network, optimizer and LR schedule,
-and the DataModule, each a *name from the registry* with literal arguments of the types their parameters
-declare; the class names, trained input shape, preprocessing record and tensors (``weights_only``, checked
-against their digest). Anything else is refused with one line naming the file, key and value, before
-anything is imported or called. Where files are read or written and what the Trainer, loggers and
-callbacks do come from the user's own options; a resumed fit also takes its run's literal Trainer settings.
-
-The registry: this package's networks, DataModules, schedules and module, torchvision's builders, torch's
-optimizers and schedulers, and classes a user registers (``@template.restore.register``) or names in their
-own command line or ``--config``.
+Taken from a file: the module, network, optimizer, schedule and DataModule, each a name from the registry
+(this package's, torchvision's builders, torch's optimizers and schedulers, classes a user registers or names in
+their own command line or ``--config``) with literal arguments of their declared types; class names, input
+shape, preprocessing and tensors (``weights_only``, checked against their digest). Anything else is refused in
+one line naming the file, key and value, before anything is imported. Places, the Trainer, loggers and callbacks
+come from the user's options; a resumed fit also takes its run's literal Trainer settings (``RESUMED``).
 """
 
 import collections.abc
@@ -46,8 +42,7 @@ from template.checkpoints import (
 from template.data.preprocessing import recorded_preprocessing
 from template.runs import runs_dir
 
-# A DataModule's arguments that say where to read or write and what to start, never taken from a file:
-# the user's command says them (any argument typed as a path is treated the same way).
+# Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # The module's arguments the CLI links from the data: compared with the data, not set.
 LINKED = ("num_classes", "class_names", "input_shape")
@@ -56,7 +51,7 @@ RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "a
            "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
            "val_check_interval", "limit_train_batches", "limit_val_batches")  # fmt: skip
 DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the DataModule (left out of a first parse)
-# Arguments that load pretrained weights (torchvision's weights, weights_backbone, pretrained=True): never from a file.
+# Arguments that load pretrained weights (weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
 PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$")
 # A network's literal sizes (widths, blocks, stems), bounded before even a meta-device build of it.
@@ -70,16 +65,11 @@ _registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder)
 _built: dict[str, tuple[str, Any]] = {}
 
 
-def register(obj: Any = None, *, kind: str | None = None, name: str | None = None) -> Any:
-    """Let checkpoints name ``obj`` (a class, or a function that builds a network): as a decorator, or
-    ``register(MyNet)`` in the module that defines it. ``kind``: net, module, data, optimizer or
-    scheduler; read from the class when not given (a function builds a net)."""
-    if obj is None:
-        return lambda target: register(target, kind=kind, name=name)
-    kind = kind or next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
-    for each in (name, f"{obj.__module__}.{obj.__qualname__}"):
-        if each:
-            _registered[each] = (kind, obj)
+def register(obj: Any) -> Any:
+    """Let checkpoints name ``obj`` (a class, or a function that builds a network): ``@register`` on it, or
+    ``register(MyNet)`` where it is defined."""
+    kind = next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
+    _registered[f"{obj.__module__}.{obj.__qualname__}"] = (kind, obj)
     return obj
 
 
@@ -95,25 +85,22 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         modules = [template.nets, template.data, template.schedule, template.optim, torch.optim]
         modules.append(torch.optim.lr_scheduler)
-        modules += [module for name, module in list(sys.modules.items()) if name.startswith("torchvision.models")]
-        for module in modules:  # their classes, and functions that build a network (template.nets.timm_net)
+        modules += [m for name, m in list(sys.modules.items()) if name.startswith(torchvision.models.__name__)]
+        for module in modules:  # their classes, and functions that build a network (resnet18, template.nets.timm_net)
             for attribute, obj in vars(module).items():
-                kind = kind_of(return_type(obj) if inspect.isfunction(obj) else obj)
+                kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
                 if kind and not attribute.startswith("_") and not inspect.isabstract(obj):
                     entry = (kind, obj)
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
-        for model in torchvision.models.list_models(module=torchvision.models):
-            builder = torchvision.models.get_model_builder(model)
-            entry = ("net", builder)
-            _built[f"torchvision.models.{model}"] = _built[f"{builder.__module__}.{builder.__name__}"] = entry
     return {**_built, **_registered}
 
 
-def return_type(function: Any) -> Any:
+def type_hints(function: Any) -> dict[str, Any]:
+    """``function``'s annotations; none where one does not resolve here (unknown: literal numbers only)."""
     try:
-        return typing.get_type_hints(function).get("return")
-    except Exception:  # an annotation that does not resolve here
-        return None
+        return typing.get_type_hints(function)
+    except Exception:
+        return {}
 
 
 class Refused(UnsafeCheckpointError):
@@ -158,10 +145,7 @@ def parameters(target: Any) -> tuple[dict[str, Any], bool]:
     functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)] if isinstance(target, type) else [target]
     found: dict[str, Any] = {}
     for function in functions:
-        try:
-            hints = typing.get_type_hints(function)
-        except Exception:  # an annotation that does not resolve here: unknown, literal numbers only
-            hints = {}
+        hints = type_hints(function)
         signature = inspect.signature(function).parameters.values()
         for parameter in signature:
             if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -243,10 +227,8 @@ def component(value: Any, kind: str, key: str, source: str, own: set[str]) -> di
         refuse(source, f"{key}.init_args", init_args, "not a mapping of arguments")
     if kind == "net" and not bounded(init_args):
         refuse(source, f"{key}.init_args", init_args, f"with numbers above {NETWORK_INT} or lists over {NETWORK_LIST}")
-    return {
-        "class_path": value["class_path"],
-        "init_args": arguments(target, init_args, f"{key}.init_args", source, own),
-    }
+    init_args = arguments(target, init_args, f"{key}.init_args", source, own)
+    return {"class_path": value["class_path"], "init_args": init_args}
 
 
 def bounded(value: Any) -> bool:
@@ -293,8 +275,8 @@ def describe(annotation: Any) -> str:
 
 @dataclass
 class Restored:
-    """What a checkpoint says, checked: ``config`` is a configuration of registry names and literal values
-    (model, data and, resuming, trainer settings) that the user's own options override."""
+    """What a checkpoint says, checked: ``config`` (registry names and literal values for the model, data and,
+    resuming, Trainer) is overridden by the user's own options."""
 
     path: Path
     config: dict
@@ -315,14 +297,14 @@ def restore(
     if hparams:
         module = model_class
         if "_class_path" in hparams:
-            module = lookup(hparams["_class_path"], "module", "hyper_parameters._class_path", source, set(own))
-        init_args = arguments(module, hparams, "hyper_parameters", source, set(own), skip=LINKED)
+            module = lookup(hparams["_class_path"], "module", "hyper_parameters._class_path", source, own)
+        init_args = arguments(module, hparams, "hyper_parameters", source, own, skip=LINKED)
         config["model"] = {"class_path": f"{module.__module__}.{module.__qualname__}", "init_args": init_args}
     data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     if "_class_path" in data_hparams:
         key = "datamodule_hyper_parameters"
-        data = lookup(data_hparams["_class_path"], "data", f"{key}._class_path", source, set(own))
-        init_args = arguments(data, data_hparams, key, source, set(own), skip=PLACES)
+        data = lookup(data_hparams["_class_path"], "data", f"{key}._class_path", source, own)
+        init_args = arguments(data, data_hparams, key, source, own, skip=PLACES)
         class_names = hparams.get("class_names")
         if "classes" in parameters(data)[0] and conforms(class_names, list[str]) and not init_args.get("classes"):
             init_args["classes"] = class_names  # a folder's classes in the trained order, with no folder to read
@@ -347,9 +329,8 @@ def restore(
 
 
 def check_network(spec: dict, checkpoint: dict, source: str) -> None:
-    """The record's network must be the one whose tensors the checkpoint holds: built first on the meta device
-    (no memory, no time), its tensor shapes are compared with the file's, so that arguments (a width of 9000)
-    can never make this process build something else, however large."""
+    """The record's network must be the one whose tensors the checkpoint holds: built on the meta device first,
+    its shapes compared with the file's, arguments (a width of 9000) never build something else, however large."""
     if len(checkpoint["state_dict"]) > MAX_NETWORK_TENSORS:  # each costs time to build, even on the meta device
         refuse(source, "state_dict", f"{len(checkpoint['state_dict']):,} tensors", f"over {MAX_NETWORK_TENSORS:,}")
     try:
@@ -364,18 +345,16 @@ def check_network(spec: dict, checkpoint: dict, source: str) -> None:
     expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
     stored = {key: tuple(value.shape) for key, value in strip_prefixes(checkpoint["state_dict"], "net.").items()}
     if expected != stored:
-        differ = sorted(
-            set(expected) ^ set(stored) | {k for k in set(expected) & set(stored) if expected[k] != stored[k]}
-        )
+        differ = sorted(key for key in set(expected) | set(stored) if expected.get(key) != stored.get(key))
         refuse(source, "hyper_parameters.net", spec["class_path"], f"whose arguments do not describe the checkpoint's "
                f"own tensors ({len(differ)} differ, e.g. {differ[0]})")  # fmt: skip
 
 
-def build(spec: dict, **given: Any) -> Any:
+def build(spec: dict) -> Any:
     """The object a restored ``{"class_path", "init_args"}`` describes (a network), or for an optimizer or a
     schedule, the callable that builds it from what it wraps."""
     kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
-    init_args = {**spec["init_args"], **given}
+    init_args = dict(spec["init_args"])
     types_ = parameters(target)[0]
     for name, value in init_args.items():
         if isinstance(value, dict) and "class_path" in value:  # a network's block, a Lookahead's inner optimizer
@@ -406,9 +385,8 @@ def load_module(cls: type, path: str | Path, map_location: Any = None, strict: b
 
 
 def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand: str, args: list[str]) -> Restored:
-    """What ``--ckpt_path`` (``best`` and ``last`` of the latest run under the user's runs directory, or a file)
-    gives a command configured by ``config`` (the user's own command line and --config files: their classes
-    may be named)."""
+    """What ``--ckpt_path`` (a file, or ``best``/``last`` of the latest run under the user's runs directory) gives
+    a command configured by ``config`` (the user's command line and --config files, whose classes it may name)."""
     if ckpt_path in CHECKPOINT_ALIASES:
         found = find_checkpoint(ckpt_path, runs_dir(config))
         if rank_zero_only.rank == 0:
@@ -421,22 +399,17 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     return restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
 
 
-def contradictions(trained: dict, data: Any) -> list[str]:
-    """What ``data`` gives that differs from what a model was ``trained`` on: its input shape, classes, names."""
-    found = []
-    for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
-                      ("class_names", "class names")):  # fmt: skip
-        then, now = trained.get(key), getattr(data, key, None)
-        then, now = (list(v) if isinstance(v, list | tuple) else v for v in (then, now))
-        if then is not None and now is not None and then != now:
-            found.append(f"{what}: trained on {then}, the data gives {now}")
-    return found
-
-
 def fit_data(restored: Restored, data: Any) -> None:
     """Refuse data that contradicts what the checkpoint was trained on (a silent resize or another class list
     would give confident answers to a different question); normalise as in training."""
-    if mismatches := contradictions(restored.trained, data):
+    mismatches = []
+    for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
+                      ("class_names", "class names")):  # fmt: skip
+        then, now = restored.trained.get(key), getattr(data, key, None)
+        then, now = (list(v) if isinstance(v, list | tuple) else v for v in (then, now))
+        if then is not None and now is not None and then != now:
+            mismatches.append(f"{what}: trained on {then}, the data gives {now}")
+    if mismatches:
         raise ValueError(
             f"{restored.path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
             "that change them: evaluating a checkpoint starts from the data it was trained with."
@@ -446,17 +419,13 @@ def fit_data(restored: Restored, data: Any) -> None:
 
 
 def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
-    """The run directory (runs/<name>/<version>) checkpoint ``path`` lies in, when it is one under
-    ``runs_dir``, links resolved; else None."""
+    """The run directory (<name>/<version>) under ``runs_dir`` that checkpoint ``path`` lies in, links resolved."""
     if runs_dir is None:
         return None
     checkpoint, runs = Path(path).resolve(), Path(runs_dir).resolve()
     run_dir = checkpoint.parent.parent
-    if not (
-        checkpoint.parent.name == "checkpoints"
-        and run_dir.parent.parent == runs
-        and (run_dir / "config.yaml").is_file()
-    ):
+    in_a_run = checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file()
+    if not in_a_run or run_dir.parent.parent != runs:
         return None
     if linked := [str(p) for folder in (run_dir, checkpoint.parent) for p in folder.iterdir() if p.is_symlink()]:
         rank_zero_warn(f"{run_dir} holds symbolic links ({', '.join(linked[:3])}): resumed into a new run directory")
@@ -467,46 +436,31 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
 def resumed_settings(path: Path) -> dict:
     """The Trainer settings (``RESUMED``) and the seed a run's config.yaml records, each a literal of its type."""
     config = read_yaml(path)
-    trainer = config.get("trainer") if isinstance(config, dict) else None
-    settings: dict[str, Any] = {}
+    trainer, seed = (config.get("trainer"), config.get("seed_everything")) if isinstance(config, dict) else (None, None)
+    settings: dict[str, Any] = {"seed_everything": seed} if type(seed) in (int, bool) else {}
     if isinstance(trainer, dict):
-        types_, _ = parameters(L.Trainer)
         taken = {name: trainer[name] for name in RESUMED if name in trainer}
         settings["trainer"] = arguments(L.Trainer, taken, "trainer", str(path), set())
-        settings["trainer"] = {name: value for name, value in settings["trainer"].items() if name in types_}
-    seed = config.get("seed_everything") if isinstance(config, dict) else None
-    if type(seed) is int or type(seed) is bool:
-        settings["seed_everything"] = seed
     return settings
 
 
-class _SafeLoader(yaml.SafeLoader):
-    """YAML of plain values, without aliases and no deeper than ``MAX_YAML_DEPTH``."""
-
-    depth = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: aliases are refused")
-        self.depth += 1
-        if self.depth > MAX_YAML_DEPTH:
-            raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-
 def read_yaml(path: str | Path) -> Any:
-    """YAML from elsewhere as plain values: at most ``MAX_YAML_BYTES``, no aliases, bounded nesting."""
+    """YAML from elsewhere as plain values: at most ``MAX_YAML_BYTES``, no aliases, bounded nesting (its events
+    checked before anything is built)."""
     path = Path(path)
     try:
         with path.open("rb") as file:
             text = file.read(MAX_YAML_BYTES + 1)
         if len(text) > MAX_YAML_BYTES:
             raise yaml.YAMLError(f"larger than {MAX_YAML_BYTES} bytes")
-        return yaml.load(text.decode(), Loader=_SafeLoader)  # noqa: S506 - a SafeLoader
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1} is refused")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        return yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise DamagedCheckpointError(f"refusing {path}: {str(error).splitlines()[0]}") from None
 
