@@ -7,15 +7,6 @@ import torch
 import torch.nn.functional as F
 
 
-def shifted(images: torch.Tensor, pixels: int) -> list[torch.Tensor]:
-    """Each image moved ``pixels`` up and left, and down and right (reflect padding), at its own size."""
-    height, width = images.shape[-2:]
-    if not 0 < pixels < min(height, width):  # reflect padding mirrors pixels inside the image
-        raise ValueError(f"tta_translate={pixels} must be from 1 to {min(height, width) - 1} pixels (0: no shifts)")
-    padded = F.pad(images, (pixels,) * 4, mode="reflect")  # (B, C, H + 2p, W + 2p)
-    return [padded[..., :height, :width], padded[..., 2 * pixels :, 2 * pixels :]]
-
-
 def multi_crop_logits(
     forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, flip: bool, translate: int = 0
 ) -> torch.Tensor:
@@ -29,5 +20,10 @@ def multi_crop_logits(
 
     logits = views(images)
     if translate:
-        logits = (logits + torch.stack([views(crop) for crop in shifted(images, translate)]).mean(0)) / 2
+        height, width = images.shape[-2:]
+        if not 0 < translate < min(height, width):  # reflect padding mirrors pixels inside the image
+            raise ValueError(f"tta_translate={translate} must be from 1 to {min(height, width) - 1} pixels (0: none)")
+        padded = F.pad(images, (translate,) * 4, mode="reflect")  # (B, C, H + 2p, W + 2p)
+        shifts = [padded[..., :height, :width], padded[..., 2 * translate :, 2 * translate :]]  # up-left, down-right
+        logits = (logits + torch.stack([views(crop) for crop in shifts]).mean(0)) / 2
     return logits

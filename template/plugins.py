@@ -5,10 +5,8 @@ from torch import nn
 
 
 class SyncBatchNorm(TorchSyncBatchNorm):
-    """``sync_batchnorm: true`` that keeps timm's norm-and-activation layers whole: torch's conversion turns a
-    ``BatchNormAct2d`` (a BatchNorm subclass) into a plain SyncBatchNorm, its statistics kept and its
-    activation silently dropped. timm's conversion where timm is installed (it converts plain BatchNorm as
-    torch does), torch's elsewhere. The CLI adds it to every run that syncs BatchNorm."""
+    """``sync_batchnorm: true`` that keeps timm's ``BatchNormAct2d`` whole (torch's conversion silently drops its
+    activation): timm's conversion where timm is installed, torch's elsewhere. The CLI adds it where needed."""
 
     def apply(self, model: nn.Module) -> nn.Module:
         try:

@@ -33,14 +33,12 @@ def runs_dir(config: Namespace | dict) -> str:
 def place_run(
     config: Namespace, run_name: tuple[str, str] | None, resumed: Path | None, ckpt_path: Path | None
 ) -> None:
-    """Where a command's run goes, under the user's runs directory: ``run_name`` when a command running many
-    fits places it, the run directory a resumed fit continues (``resumed``), or, evaluating checkpoint
-    ``ckpt_path``, a new version under the name of the run it came from (unless the user named one); and
-    the trackers, told where to write and which run a resume continues."""
+    """Place a command's run under the user's runs directory: at ``run_name`` (a command running many fits), in
+    the run a resumed fit continues (``resumed``), or, evaluating ``ckpt_path``, as a new version of the run it
+    came from (unless the user named one); and tell the trackers where to write and which run a resume continues."""
     logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
     if is_tensorboard(logger):
-        # Absolute, so the checkpoint directory a resumed run sees is the one its
-        # checkpoints recorded (ModelCheckpoint then restores its best-so-far state).
+        # Absolute: a resumed run's ModelCheckpoint then sees the directory it recorded, and restores its best so far.
         logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
         if run_name is not None:
             logger.init_args.name, logger.init_args.version = run_name
