@@ -310,7 +310,8 @@ def monitored_score(path: Path) -> tuple[bool, float]:
     for name, state in (checkpoint.get("callbacks") or {}).items():
         if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
             score = state.get("current_score")
-            if isinstance(score, torch.Tensor | float | int) and torch.isfinite(torch.as_tensor(score)):
+            score = torch.as_tensor(score) if isinstance(score, torch.Tensor | float | int) else None
+            if score is not None and score.numel() == 1 and score.isfinite():  # one number, never an expanded bomb
                 return True, float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
     return False, 0.0
 
@@ -363,10 +364,8 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
     def inside(path: Any) -> bool:
-        if not in_a_run or not isinstance(path, str | os.PathLike):
-            return False
-        resolved = Path(path).resolve()
-        return resolved.parent == directory and resolved.suffix == ".ckpt"
+        resolved = Path(path).resolve() if in_a_run and isinstance(path, str | os.PathLike) else None
+        return resolved is not None and resolved.parent == directory and resolved.suffix == ".ckpt"
 
     for name, state in (checkpoint.get("callbacks") or {}).items():
         if not (isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, dict)):

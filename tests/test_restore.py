@@ -389,6 +389,9 @@ def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
         state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
         torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
+    bomb = {low: {"monitor": "val/loss", "current_score": torch.zeros(1).expand(1 << 34)}}  # 16 GiB if compared
+    torch.save({"callbacks": bomb, "pytorch-lightning_version": "2.6"}, directory / "best-epoch004.ckpt")
+    assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
 
 
 @pytest.mark.slow
