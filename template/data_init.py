@@ -3,14 +3,8 @@
 
 import lightning as L
 import torch
-from torch import nn
 
 from template.data.augment import center_crop, normalize
-
-
-def layers_to_fit(net: nn.Module) -> list[nn.Module]:
-    """The layers of ``net`` that initialise from data and have not yet (a restored checkpoint's have)."""
-    return [m for m in net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted") and not m.fitted]
 
 
 def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tensor:
@@ -24,8 +18,9 @@ def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tens
 
 
 def init_from_data(module: L.LightningModule) -> None:
-    """Fit every layer of ``module.net`` that initialises from data (see the module's doc); a no-op without any."""
-    layers = layers_to_fit(module.net)
+    """Fit every layer of ``module.net`` that initialises from data and has not yet (a restored checkpoint's has)."""
+    fittable = [m for m in module.net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted")]
+    layers = [m for m in fittable if not m.fitted]
     if not layers:
         return
     trainer = module.trainer

@@ -263,15 +263,22 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
         """Normalise as a trained model expects; another input shape or resize than in training is an error."""
         record = check_preprocessing(record, source)
-        ours = {"input_shape": self.input_shape, "resize_size": self.resize_size, "interpolation": self.interpolation}
-        for key, value in ours.items():
-            value = list(value) if isinstance(value, tuple) else value
-            if record[key] != value:  # the centre crop would frame, or the resize scale, images otherwise
-                option = "image_size and channels" if key == "input_shape" else key
-                raise ValueError(
-                    f"{source} was trained on images of {key} {record[key]}, but this data gives {value}: set "
-                    f"data.{option} to {record[key]} (or leave it out, to take the trained run's)"
-                )
+        if record["input_shape"] != list(self.input_shape):
+            raise ValueError(
+                f"{source} was trained on inputs (channels, height, width) {record['input_shape']}, but this data "
+                f"gives {list(self.input_shape)}: set the data's image size and channels to the trained ones"
+            )
+        if record["resize_size"] != list(self.resize_size):  # the centre crop would frame images otherwise
+            raise ValueError(
+                f"{source} was trained on images resized to cover {record['resize_size']} (height, width) before "
+                f"the centre crop, but this data resizes them to {list(self.resize_size)}: set data.resize_size to "
+                f"{record['resize_size']} (or leave it out, to take the trained run's)"
+            )
+        if record["interpolation"] != self.interpolation:
+            raise ValueError(
+                f"{source} was trained on images resized {record['interpolation']}, but this data resizes them "
+                f"{self.interpolation}: set data.interpolation to {record['interpolation']} (or leave it out)"
+            )
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
     def device_batch_size(self, world_size: int) -> int:
@@ -300,30 +307,30 @@ class ImageDataModule(L.LightningDataModule, ABC):
             shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch at all; "
-                f"lower data.{option}"
+                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; lower data.{option}"
             )
-        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        workers = self.loader_workers(dataset)
-        settings = {
-            "batch_size": batch_size,
-            "num_workers": workers,
-            "collate_fn": keep_batch,  # the datasets hand out whole batches (__getitems__)
-            "pin_memory": on_gpu,
-            "persistent_workers": workers > 0,
-        }
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        if not train:
-            generator = torch.Generator().manual_seed(seed)  # keeps the global random stream untouched
-            return DataLoader(dataset, shuffle=False, drop_last=False, generator=generator, **settings)
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
-        self.train_sampler = sampler
-        if self._resume_state:  # restored from a checkpoint before this loader existed
-            sampler.set_epoch(self._resume_state["epoch"])
-            sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
-            self._resume_state = None
-        return DataLoader(dataset, sampler=sampler, drop_last=drop_last, generator=sampler.loader_generator, **settings)
+        sampler = None
+        if train:
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            sampler = self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+            if self._resume_state:  # restored from a checkpoint before this loader existed
+                sampler.set_epoch(self._resume_state["epoch"])
+                sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
+                self._resume_state = None
+        workers = self.loader_workers(dataset)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=train and drop_last,
+            # Its own generator (the sampler's in training) keeps the global random stream untouched.
+            generator=sampler.loader_generator if train else torch.Generator().manual_seed(seed),
+            num_workers=workers,
+            collate_fn=keep_batch,  # the datasets hand out whole batches (__getitems__)
+            pin_memory=self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
+            persistent_workers=workers > 0,
+        )
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""

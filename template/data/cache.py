@@ -118,19 +118,16 @@ def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
 def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, str]]:
     """The cached array and its unreadable files, each checked; ValueError says which is wrong and how."""
     record = read_record(record_path)
-    missing = {"shape", "checksum", "invalid"} - record.keys()
-    if missing:
-        raise ValueError(f"{record_path} lacks {', '.join(sorted(missing))}")
-    if record["shape"] != list(shape):
-        raise ValueError(f"{record_path} records the shape {record['shape']}, not {list(shape)}")
-    invalid = invalid_files(record["invalid"], shape[0], record_path)
+    if record.get("shape") != list(shape):  # a missing key reads as None: refused like a wrong value
+        raise ValueError(f"{record_path} records the shape {record.get('shape')}, not {list(shape)}")
+    invalid = invalid_files(record.get("invalid"), shape[0], record_path)
     try:
         images = np.load(array_path, mmap_mode="r")
     except (OSError, ValueError) as error:  # a truncated array: "mmap length is greater than file size"
         raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error
     if images.shape != shape or images.dtype != np.uint8:
         raise ValueError(f"{array_path} holds {images.dtype} {list(images.shape)}, not uint8 {list(shape)}")
-    if checksum(images) != record["checksum"]:
+    if checksum(images) != record.get("checksum"):
         raise ValueError(f"{array_path} does not match the checksum in {record_path}: its pixels changed")
     return images, invalid
 

@@ -177,9 +177,7 @@ class ImageFolderDataModule(ImageDataModule):
             return {}
         train = self.root / "train"
         if not train.is_dir() and classes is None:
-            raise FileNotFoundError(
-                f"no train/ folder in {self.root.resolve()}: expected {self.root}/train/<class>/<image files>"
-            )
+            raise FileNotFoundError(f"no train/ folder in {self.root.resolve()}: expected train/<class>/<image files>")
         folders = {
             split: {path.name: list_files(path) for path in visible(self.root / split, False) if path.is_dir()}
             for split in ("train", "val", "test")
@@ -189,14 +187,11 @@ class ImageFolderDataModule(ImageDataModule):
             if not folders["train"]:
                 raise ValueError(f"{train} has no class folders: expected {train}/<class>/<image files>")
             if len(folders["train"]) == 1:  # else it fails later, deep in the metrics
-                raise ValueError(
-                    f"{train} has only one class folder ({next(iter(folders['train']))}): a classifier needs at "
-                    f"least two classes; add a folder of images for each other class to {train}"
-                )
+                name = next(iter(folders["train"]))
+                raise ValueError(f"{train} has only one class folder ({name}): a classifier needs at least two")
             if classes is not None and set(classes) != set(folders["train"]):
                 raise ValueError(
-                    f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
-                    f"class folders of {train}: {sorted(folders['train'])}"
+                    f"data.classes {sorted(classes)} are not the class folders of {train}: {sorted(folders['train'])}"
                 )
         problems = []  # every problem of the layout, then of the files, said in one message: one round of fixes
         empty = [str(self.root / split / name) for split, found in folders.items()
@@ -208,8 +203,7 @@ class ImageFolderDataModule(ImageDataModule):
             unknown = sorted(set(folders.get(split, {})) - known)
             if unknown:
                 problems.append(
-                    f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}. The model can only "
-                    f"learn classes it trains on; add them to {train} or remove them from {self.root / split}"
+                    f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}; add or remove them"
                 )
         if problems:
             raise ValueError(self._with_unreadable(problems, folders))
@@ -236,10 +230,8 @@ class ImageFolderDataModule(ImageDataModule):
                 )
             except CacheTooLarge as too_large:
                 if self.cache:
-                    raise CacheTooLarge(
-                        f"{too_large}; data.cache is true: free some space, set data.cache_dir to a disk with room, "
-                        "or set data.cache to null (stream what does not fit) or false"
-                    ) from None
+                    message = "free some space, set data.cache_dir to a disk with room, or data.cache to null or false"
+                    raise CacheTooLarge(f"{too_large}; data.cache is true: {message}") from None
                 rank_zero_warn(f"{too_large}, so {split} streams from the files instead (decoded every epoch)")
         return None, load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
 
@@ -263,10 +255,8 @@ class ImageFolderDataModule(ImageDataModule):
             lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
             if lost:
                 where = [f"{name} ({self.root / split / name})" for name in lost]
-                raise ValueError(
-                    describe(where, f"class(es) in {split}/ with no readable image left (skip_invalid)")
-                    + "\nReplace their files with readable images, or remove the folder to drop the class."
-                )
+                what = f"class(es) in {split}/ with no readable image left (skip_invalid); replace their files, or remove the folder to drop the class"
+                raise ValueError(describe(where, what))
         self._sources[split] = (files, labels, keep, images)
         return self._sources[split]
 
@@ -277,11 +267,9 @@ class ImageFolderDataModule(ImageDataModule):
         if self.root is None:
             raise FileNotFoundError(f"{split} needs images: give --data.root DIR, the folder of the {split}/ images")
         if split not in self.folders:
-            held_out = ", set data.test_fraction above 0 to hold a share of train/ out, or run validate"
-            or_else = held_out if split == "test" else ""
+            or_else = ", set data.test_fraction above 0, or run validate" if split == "test" else ""
             raise FileNotFoundError(
-                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/<image "
-                f"files>; add one{or_else}"
+                f"no {split}/ folder in {self.root.resolve()}: add {split}/<class>/<image files>{or_else}"
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]
@@ -295,9 +283,7 @@ class ImageFolderDataModule(ImageDataModule):
         files = []
         for path in map(Path, paths):
             if not path.is_dir() and not path.is_file():
-                raise FileNotFoundError(
-                    f"data.predict_path: {path} does not exist; set it to a folder of images or a list of image files"
-                )
+                raise FileNotFoundError(f"data.predict_path: {path} does not exist; set it to a folder or image files")
             found = list_files(path) if path.is_dir() else [path]
             if not found:
                 raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")

@@ -5,27 +5,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from template.data.cache import decode
 
 Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
 
 
-class TensorImageDataset(Dataset):
+class TensorImageDataset(TensorDataset):
     """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> Split:
-        return self.images[index], self.labels[index]
+        super().__init__(images, labels)
+        self.images, self.labels = images, labels
 
     def __getitems__(self, indices: list[int]) -> Split:
         index = torch.as_tensor(indices)
