@@ -237,8 +237,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self._in_turns("val")
 
     def _in_turns(self, split: str) -> None:
-        """The split's classes taking turns (one image of each, then a second...), so that any prefix of it (a
-        limited validation) is balanced; its ``split_files`` in the same order."""
+        """The split's classes taking turns (one image of each, then a second...): any prefix of it is balanced."""
         labels = np.asarray(self.datasets[split].labels)
         turn = np.zeros(len(labels), dtype=np.int64)
         for label in np.unique(labels):

@@ -55,8 +55,7 @@ def named(files: list[Path], invalid: dict[int, str]) -> list[str]:
 def resize_pair(
     resize_size: int | tuple[int, int] | None, image_size: tuple[int, int], margin: float
 ) -> tuple[int, int]:
-    """``resize_size`` as (H, W), at least ``image_size``: an int is the shorter side (in ``image_size``'s
-    proportions); ``None`` is ``image_size`` times ``margin``."""
+    """``resize_size`` as (H, W), at least ``image_size``: an int is the shorter side; ``None``, ``margin`` times."""
     if resize_size is None or isinstance(resize_size, int):
         scale = margin if resize_size is None else resize_size / min(image_size)
         pair = (round(image_size[0] * scale), round(image_size[1] * scale))
@@ -167,8 +166,7 @@ class ImageFolderDataModule(ImageDataModule):
         return fractions
 
     def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
-        """Check the layout before anything is decoded, naming every problem. Without root/train, only given
-        classes (a trained model's) allow going on."""
+        """Check the layout before anything is decoded, naming every problem; no train/ needs given classes."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
             raise ValueError(f"data classes must be at least two different names, not {classes}")
         if self.root is None:  # a trained model's classes alone: predict_path's images, or nothing
@@ -210,8 +208,7 @@ class ImageFolderDataModule(ImageDataModule):
         return folders
 
     def _with_unreadable(self, problems: list[str], folders: dict, checked: str | None = None) -> str:
-        """``problems`` and the unreadable files of every split folder (but ``checked``) as one message: one
-        round of fixes, not one problem a run."""
+        """``problems`` and every split's unreadable files (but ``checked``'s) as one message: one round of fixes."""
         for split in [split for split in folders if split != checked and not self.skip_invalid]:
             files = [path for paths in folders[split].values() for path in paths]
             invalid = load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
