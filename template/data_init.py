@@ -1,25 +1,15 @@
-"""Initialisations computed from the training data when a fit starts: the filters of a whitening stem
-(``template.nets.layers.WhiteningConv``), or any layer with a ``fit(images)`` method, a ``fitted`` flag and
-a ``fit_images`` count. Global rank 0 computes them and the other processes receive its result, so every
-DDP replica starts from the same weights."""
+"""Layers initialised from the training data when a fit starts (a whitening stem, or any layer with ``fit(images)``,
+``fitted`` and ``fit_images``): rank 0 computes them and broadcasts, so every DDP replica starts the same."""
 
 import lightning as L
 import torch
-from torch import nn
 
 from template.data.augment import center_crop, normalize
 
 
-def layers_to_fit(net: nn.Module) -> list[nn.Module]:
-    """The layers of ``net`` that initialise from data and have not yet (a restored checkpoint's have)."""
-    return [m for m in net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted") and not m.fitted]
-
-
 def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tensor:
-    """``count`` training images drawn at random (seed 0: the same for every run on the same data) as the network
-    sees them unaugmented: (N, C, H, W) float, centre at the training size, normalised with the training split's
-    statistics. At random, not the first: an image folder lists its classes one after another, and the first
-    5,000 images of CIFAR-10's would all be aeroplanes (a whitening fitted to skies)."""
+    """``count`` training images (N, C, H, W) as the network sees them unaugmented, drawn with seed 0: at random,
+    since a folder lists its classes one after another (a whitening fitted to aeroplanes' skies)."""
     dataset = datamodule.datasets["train"]
     chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:count].sort().values
     images, _ = dataset.__getitems__(chosen.tolist())  # uint8 (N, C, H', W'), any source
@@ -28,8 +18,9 @@ def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tens
 
 
 def init_from_data(module: L.LightningModule) -> None:
-    """Fit every layer of ``module.net`` that initialises from data (see the module's doc); a no-op without any."""
-    layers = layers_to_fit(module.net)
+    """Fit every layer of ``module.net`` that initialises from data and has not yet (a restored checkpoint's has)."""
+    fittable = [m for m in module.net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted")]
+    layers = [m for m in fittable if not m.fitted]
     if not layers:
         return
     trainer = module.trainer

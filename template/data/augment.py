@@ -1,9 +1,5 @@
-"""The one training augmentation of every source, and the normalisation after it.
-
-Every source delivers uint8 batches (B, C, H', W') at its stored size: the training size
-(H, W), or a little larger for random-resized crops. What happens to a batch from there is
-defined here alone (applied by ``ImageDataModule.on_after_batch_transfer``), so one config
-trains one recipe whichever path the images took:
+"""The one augmentation of every source, on uint8 batches (B, C, H', W') on the device
+(``ImageDataModule.on_after_batch_transfer``), so one config trains one recipe whichever path the images took:
 
     training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
                  or centre (H, W) -> random crop (crop_padding, reflect)
@@ -12,9 +8,8 @@ trains one recipe whichever path the images took:
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
-A whole batch at once is a handful of kernel launches, not thousands of per-image PIL calls.
-Randomness comes from the global generator of the batch's device, which ``seed_everything``
-seeds; torchvision's v2 policies, erasing and mixing draw on the host, so never wait for the device.
+Randomness comes from the device's global generator (``seed_everything`` seeds it); torchvision's v2
+policies, erasing and mixing draw on the host, so never wait for the device.
 """
 
 import math
@@ -43,10 +38,8 @@ def augment(
     crop_scale: Sequence[float] | None = None,
     crop_ratio: Sequence[float] = RATIO,
 ) -> torch.Tensor:
-    """Crop each image to ``size`` (H, W) (by default its own): a random-resized crop with
-    ``crop_scale``, else the centre shifted by up to ``crop_padding`` pixels; mirror half of
-    them if ``hflip`` (those it marks, a (B,) bool tensor), then apply the ``policy``'s random
-    operation. On uint8 too: cropping before the float copy moves a quarter of the bytes."""
+    """Crop each image to ``size`` (H, W): random-resized with ``crop_scale``, else the centre shifted by up to
+    ``crop_padding``; mirror half (or those a (B,) bool ``hflip`` marks); then the ``policy``'s operation."""
     size = tuple(size or images.shape[-2:])
     if crop_scale is not None:
         images = random_resized_crop(images, size, crop_scale, crop_ratio)
@@ -70,8 +63,7 @@ def center_crop(images: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 def crop_boxes(
     batch: int, height: int, width: int, scale: Sequence[float], ratio: Sequence[float], device: torch.device
 ) -> torch.Tensor:
-    """(B, 4) int64 boxes (top, left, height, width): torchvision's ``RandomResizedCrop.get_params``
-    drawn for a whole batch at once, from the device's generator."""
+    """(B, 4) boxes (top, left, height, width): torchvision's ``RandomResizedCrop.get_params`` for a batch."""
     area = torch.empty(batch, TRIES, device=device).uniform_(*scale) * (height * width)
     aspect = torch.empty(batch, TRIES, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])).exp_()
     widths = (area * aspect).sqrt_().round_()
@@ -94,9 +86,8 @@ def crop_boxes(
 
 
 def resize_each(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """Each image's box (top, left, height, width) resized to ``size`` (H, W), bilinear, one image at a
-    time: torchvision's ``resized_crop`` without antialiasing (a box is at most 8/7 of ``size``). On one
-    thread: an image is too little work to share out (benchmarks/data_throughput.py measures it)."""
+    """Each image's box resized to ``size`` (H, W), bilinear, one image at a time on one thread (too little
+    work to share out): torchvision's ``resized_crop`` without antialiasing (a box is at most 8/7 of ``size``)."""
     out = torch.empty(*images.shape[:2], *size, dtype=images.dtype, device=images.device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -110,10 +101,8 @@ def resize_each(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) 
 
 
 def resize_batch(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """``resize_each`` in one ``grid_sample`` on float, within one level of 255 of it: on a GPU, a kernel
-    per image would cost more in launches than in work."""
-    # Output pixel x samples the box at left + (x + 0.5) * width / W - 0.5 (align_corners=False),
-    # clamped to the box as a crop before the resize would be; then in grid_sample's [-1, 1].
+    """``resize_each`` in one ``grid_sample`` (within one level of 255): on a GPU, launches per image cost more."""
+    # Output pixel x samples left + (x + 0.5) * width / W - 0.5, clamped to the box, in grid_sample's [-1, 1].
     full = images.shape[-2:]
     axes = []
     for axis, steps in enumerate(size):
@@ -129,34 +118,27 @@ def resize_batch(images: torch.Tensor, boxes: torch.Tensor, size: Sequence[int])
 def random_resized_crop(
     images: torch.Tensor, size: Sequence[int], scale: Sequence[float], ratio: Sequence[float] = RATIO
 ) -> torch.Tensor:
-    """torchvision's RandomResizedCrop(size, scale, ratio) on every image of a batch, each with its own box.
-    On the CPU, torch's uint8 kernel image by image is several times faster than one grid_sample on float."""
+    """torchvision's RandomResizedCrop(size, scale, ratio), a box per image; on the CPU image by image (faster)."""
     boxes = crop_boxes(len(images), *images.shape[-2:], scale, ratio, images.device)
     return (resize_each if images.device.type == "cpu" else resize_batch)(images, boxes, size)
 
 
 def per_group(transform: v2.Transform, images: torch.Tensor, groups: int = GROUPS) -> torch.Tensor:
-    """``transform`` applied to ``groups`` slices of the batch, each with its own random draws.
-
-    A v2 transform draws once a call: on a whole batch, every image would get the same operation
-    and magnitude. A fixed number of groups (16 cover TrivialAugment's 14 operations) keeps a few
-    calls a batch at any batch size, and each image's distribution is the per-image one.
-    """
+    """``transform`` on ``groups`` slices of the batch, each with its own draws: a v2 transform draws once a
+    call. 16 groups cover TrivialAugment's 14 operations at a few calls a batch."""
     size = -(-len(images) // groups)  # ceil: no empty group
     return torch.cat([transform(group) for group in images.split(size)])
 
 
 def random_erasing(images: torch.Tensor, probability: float) -> torch.Tensor:
-    """Erase a random rectangle (2-33% of the area) to 0, the mean after normalisation, with the
-    given probability (torchvision's RandomErasing, its defaults; Zhong et al., 2017)."""
+    """torchvision's RandomErasing (Zhong et al., 2017): a rectangle to 0, the mean after normalisation."""
     return per_group(v2.RandomErasing(probability), images) if probability > 0 else images
 
 
 def mix(
     images: torch.Tensor, labels: torch.Tensor, num_classes: int, mixup_alpha: float, cutmix_alpha: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MixUp and/or CutMix (one of them a batch, at random, when both are on), as torchvision's reference
-    recipes: each image blended with its neighbour in the batch, labels (B,) becoming probabilities (B, K)."""
+    """torchvision's MixUp and/or CutMix (one at random a batch); labels (B,) become probabilities (B, K)."""
     mixers = [mixer(alpha=alpha, num_classes=num_classes)
               for mixer, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]  # fmt: skip
     if not mixers:
@@ -170,8 +152,7 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
         return images
     batch, channels, height, width = images.shape
     padded = F.pad(images, (padding,) * 4, mode="reflect")  # (B, C, H+2p, W+2p), uint8 too
-    # A strided view of every window of every image, (B, 2p+1, 2p+1, C, H, W), without copying;
-    # indexing it picks one window per image in a single copy.
+    # A view of every window of every image, (B, 2p+1, 2p+1, C, H, W): indexing it copies one per image.
     b_stride, c_stride, h_stride, w_stride = padded.stride()
     windows = padded.as_strided(
         (batch, 2 * padding + 1, 2 * padding + 1, channels, height, width),
@@ -189,8 +170,7 @@ def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor
 
 def mirror_where(images: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
     """Mirror left-right the images whose entry of ``flip`` (B,) is true."""
-    # Each image picked from the batch or its mirror by index: no boolean-mask index, which makes the
-    # host wait for the device every step, and on the CPU faster than torch.where's broadcast over uint8.
+    # By index from the batch and its mirror: a boolean mask would make the host wait for the device.
     choice = torch.arange(len(images), device=images.device) + len(images) * flip
     return torch.cat([images, images.flip(3)]).index_select(0, choice)
 
@@ -204,11 +184,8 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std in [0, 1] of uint8 images (N, C, H, W), in chunks (memmaps welcome).
-
-    From each channel's histogram: exact, and 0.12 s for 2,000 images of 146x146 where float64
-    sums took 1.06 (one core). Another dtype (a source that breaks the uint8 contract) is summed.
-    """
+    """Per-channel mean and std in [0, 1] of images (N, C, H, W), in chunks (memmaps welcome): from each
+    channel's histogram when uint8 (exact, and faster than float sums), else summed."""
     values = torch.arange(256, dtype=torch.float64) / 255
     sums = torch.zeros(2, images.shape[1], dtype=torch.float64)  # per channel: of the values, of their squares
     for start in range(0, len(images), chunk):

@@ -1,11 +1,4 @@
-"""What every image source shares: stratified splits, loaders and the batch hook.
-
-A source only has to provide uint8 images (N, C, H', W') at its stored size (the training
-size, or a little larger for random-resized crops: ``resize_size``) and integer labels per
-split; this class turns them into DataLoaders that yield whole batches (the datasets and
-the sampler are in ``loaders.py``), and crops, augments and normalises each batch on the
-device (``on_after_batch_transfer``, with the pipeline of ``augment.py``).
-"""
+"""What every image source shares: stratified splits, loaders of whole uint8 batches, the device-side batch hook."""
 
 import os
 from abc import ABC, abstractmethod
@@ -42,14 +35,8 @@ from template.data.preprocessing import check_preprocessing
 
 
 def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
-    """Split indices into len(fractions) + 1 disjoint parts that keep the class proportions.
-
-    A plain random (or worse, ordered) split of a sorted or imbalanced dataset can give a
-    validation set without some classes, and a score that means nothing.
-
-    Returns:
-        Index arrays: the remainder first, then one per fraction.
-    """
+    """Indices in len(fractions) + 1 disjoint parts that keep the class proportions: the remainder first,
+    then one per fraction. A plain random split can give a validation set without some classes."""
     if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
         raise ValueError(f"split fractions {list(fractions)} must be positive and sum to less than 1")
     classes = len(np.unique(labels))
@@ -87,44 +74,30 @@ def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
 class ImageDataModule(L.LightningDataModule, ABC):
     """Base of the image sources: splits, loaders, and device-side augmentation.
 
-    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W))
-    and ``class_names`` in ``__init__`` (the CLI links them into the model) and implement
-    ``load_split``.
-    Every batch reaches the device as uint8 at the stored size ``resize_size`` (the training
-    size unless a source stores more for random-resized crops), from memory, a cache or
-    streamed files alike; ``on_after_batch_transfer`` then applies the one augmentation of
-    ``template.data.augment`` (random-resized or random crop, mirror, a policy; then, after
-    normalising with the training split's statistics, random erasing and MixUp/CutMix), all off
-    by default, and evaluation takes the centre at the training size. The statistics, the input
-    shape and the resize policy are saved in every checkpoint (``preprocessing``, in the
-    DataModule's state) and restored from it, so a trained model is evaluated as it was trained,
-    without its training images.
+    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W)) and ``class_names``
+    in ``__init__`` (the CLI links them into the model) and implement ``load_split``. Batches reach the
+    device as uint8 at ``resize_size``; ``on_after_batch_transfer`` applies ``template.data.augment`` (all
+    off by default) or, evaluating, the centre crop. The normalisation and resize (``preprocessing``) are
+    saved in every checkpoint and restored from it, so a model is evaluated as it was trained.
 
     Args:
         batch_size: images per batch on each device.
-        global_batch_size: images per optimizer step across all devices; when set, each
-            device gets ``global_batch_size / world_size`` (and batch_size is ignored), so a
-            recipe keeps its batch, and so its learning rate, on any number of GPUs.
+        global_batch_size: images per optimizer step across all devices; when set, each device gets
+            ``global_batch_size / world_size`` (batch_size is ignored): the same recipe on any number of GPUs.
         num_workers: DataLoader worker processes; 0 loads in the main process.
-        crop_padding: pixels of reflect padding for the random-crop augmentation; 0 (the
-            default here) turns it off.
-        crop_scale: a random-resized crop instead (torchvision's RandomResizedCrop): the range
-            of the crop's share of the stored image's area, e.g. [0.08, 1] (ImageNet's) or
-            [0.35, 1] for short runs; ``None`` (the default): off. Needs crop_padding 0.
+        crop_padding: pixels of reflect padding for the random crop; 0: off.
+        crop_scale: a random-resized crop instead (torchvision's RandomResizedCrop): the range of its share
+            of the stored image's area, e.g. [0.08, 1]; ``None``: off. Needs crop_padding 0.
         crop_ratio: the range of its aspect ratio (width / height), drawn log-uniformly.
-        hflip: mirror training images left-right at random (off by default). Only for
-            classes that stay the same in a mirror (not for digits or text). ``alternate``: each
-            image on alternate epochs instead, its first at random (airbench's derandomised flip).
-        policy: a random operation per image after crop and mirror: ``trivialaugment``
-            (TrivialAugmentWide) or ``randaugment`` (RandAugment, 2 operations of magnitude 9);
-            ``None`` (the default) for none.
+        hflip: mirror training images at random (not for digits or text); ``alternate``: each image on
+            alternate epochs, its first at random (airbench's derandomised flip).
+        policy: a random operation per image after crop and mirror: ``trivialaugment`` (TrivialAugmentWide)
+            or ``randaugment`` (RandAugment, 2 operations of magnitude 9); ``None``: none.
         random_erasing: probability of erasing a random rectangle of each normalised image; 0: off.
-        mixup_alpha: MixUp's Beta(alpha, alpha) mixing weight; 0: off. Labels become
-            probabilities (B, K) in training.
+        mixup_alpha: MixUp's Beta(alpha, alpha); 0: off. Labels become probabilities (B, K) in training.
         cutmix_alpha: CutMix's, likewise; with both on, each batch takes one of the two.
-        folds: k-fold cross-validation (``template cv``): the training and validation images are
-            pooled and cut into this many stratified folds, seeded by ``split_seed``; ``None`` (the
-            default) keeps the source's own validation split. The test split is never pooled.
+        folds: k-fold cross-validation (``template cv``): train and val pooled and cut into this many
+            stratified folds, seeded by ``split_seed``; ``None``: the source's own split. Test is never pooled.
         fold: which of the folds validates (0 to folds - 1); the others train.
     """
 
@@ -160,8 +133,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
             raise ValueError(f"crop_ratio={list(crop_ratio)} must be a positive range, e.g. [0.75, 1.333]")
         if crop_scale is not None and crop_padding:
             raise ValueError(
-                f"crop_scale={list(crop_scale)} and crop_padding={crop_padding} both crop; a random-resized crop "
-                "already moves the image: set crop_padding to 0"
+                f"crop_scale={list(crop_scale)} and crop_padding={crop_padding} both crop: set crop_padding to 0"
             )
         if hflip not in (True, False, "alternate"):
             raise ValueError(f"hflip={hflip!r} must be true, false or 'alternate' (each image on alternate epochs)")
@@ -206,8 +178,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     @property
     def resize_size(self) -> tuple[int, int]:
-        """(height, width) of the images a source stores, at least ``image_size``: the training
-        size, unless a source keeps more for random-resized crops to choose from."""
+        """(height, width) of the images a source stores: ``image_size``, or more for random-resized crops."""
         return self.image_size
 
     @property
@@ -233,11 +204,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def setup(self, stage: str) -> None:
         if not 0 <= self.crop_padding < min(self.image_size):  # reflect padding mirrors pixels inside the image
             raise ValueError(
-                f"crop_padding={self.crop_padding} must be at least 0 and below the image side "
-                f"{min(self.image_size)}; a few pixels (4 at 32 px) is the usual random shift"
+                f"crop_padding={self.crop_padding} must be at least 0 and below the image side {min(self.image_size)}"
             )
-        # Only what the stage needs: the test split is loaded by `test` alone, so no
-        # decision made during fit can have looked at it.
+        # Only what the stage needs: the test split is loaded by `test` alone, so fit never looks at it.
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["predict"]}[stage]
         if self.folds is not None and stage in ("fit", "validate") and not self.fold_indices:
             self._cut_folds()
@@ -246,10 +215,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 self.datasets[split] = self.make_dataset(split)
                 if split in ("val", "test"):
                     self._in_turns(split)
-        if stage == "fit" and len(self.mean) == 0:
+        if stage == "fit" and len(self.mean) == 0:  # evaluating, the checkpoint's (load_state_dict, after setup)
             self._compute_normalization()
-        # Evaluating, the statistics come from the checkpoint (load_state_dict, after setup); without
-        # one they are computed from the training split at the first batch.
 
     def _cut_folds(self) -> None:
         """Train and val of this fold: one stratified, seeded k-fold cut of the two splits pooled."""
@@ -270,9 +237,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self._in_turns("val")
 
     def _in_turns(self, split: str) -> None:
-        """The split's classes taking turns (a first image of each class, then a second...), each class's own
-        order kept: any prefix of it (a limited validation, the first batches) is balanced. Its files, where
-        the source names them (``split_files``), in the same order."""
+        """The split's classes taking turns (one image of each, then a second...): any prefix of it is balanced."""
         labels = np.asarray(self.datasets[split].labels)
         turn = np.zeros(len(labels), dtype=np.int64)
         for label in np.unique(labels):
@@ -288,8 +253,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
 
     def preprocessing(self) -> dict:
-        """How an image becomes the model's input (``template.data.preprocessing``), once the
-        statistics are known."""
+        """How an image becomes the model's input (``template.data.preprocessing``)."""
         if len(self.mean) == 0:
             self._compute_normalization()
         return {"input_shape": list(self.input_shape), "resize": self.resize, "resize_size": list(self.resize_size),
@@ -332,45 +296,40 @@ class ImageDataModule(L.LightningDataModule, ABC):
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
         batch_size = self.device_batch_size(world_size)
-        # Train only: drop the short last batch when it is under half a batch. A few images in a
-        # step give a noisy update and, with BatchNorm, poor statistics; the order is reshuffled
-        # every epoch, so what is dropped is fewer than half a batch of different images each
-        # time. A longer rest is kept: on a small set, dropping it would waste a large share (200
-        # images in batches of 128 would train on 128 an epoch). Every rank has the same share
-        # of the data (the sampler's), so every rank takes the same number of steps.
+        # Train only: drop the short last batch under half a batch (a noisy step, poor BatchNorm statistics;
+        # reshuffled each epoch); keep a longer one, which on a small set is a large share. Every rank has
+        # the sampler's equal share, so every rank takes the same number of steps.
         full_batches, rest = divmod(len(dataset) // world_size, batch_size)
         drop_last = rest < batch_size / 2
         if train and full_batches == 0 and drop_last:
-            # The option that decides the batch: global_batch_size, when set (configs/trainer/ddp.yaml sets it).
             option = "global_batch_size" if self.global_batch_size is not None else "batch_size"
             shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch at all; "
-                f"lower data.{option}"
+                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; lower data.{option}"
             )
-        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-        workers = self.loader_workers(dataset)
-        settings = {
-            "batch_size": batch_size,
-            "num_workers": workers,
-            "collate_fn": keep_batch,  # the datasets hand out whole batches (__getitems__)
-            "pin_memory": on_gpu,
-            "persistent_workers": workers > 0,
-        }
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        if not train:
-            generator = torch.Generator().manual_seed(seed)  # keeps the global random stream untouched
-            return DataLoader(dataset, shuffle=False, drop_last=False, generator=generator, **settings)
-        # Shuffle train only; the run's seed (seed_everything) fixes the order.
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
-        self.train_sampler = sampler
-        if self._resume_state:  # restored from a checkpoint before this loader existed
-            sampler.set_epoch(self._resume_state["epoch"])
-            sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
-            self._resume_state = None
-        return DataLoader(dataset, sampler=sampler, drop_last=drop_last, generator=sampler.loader_generator, **settings)
+        sampler = None
+        if train:
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            sampler = self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+            if self._resume_state:  # restored from a checkpoint before this loader existed
+                sampler.set_epoch(self._resume_state["epoch"])
+                sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
+                self._resume_state = None
+        workers = self.loader_workers(dataset)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=train and drop_last,
+            # Its own generator (the sampler's in training) keeps the global random stream untouched.
+            generator=sampler.loader_generator if train else torch.Generator().manual_seed(seed),
+            num_workers=workers,
+            collate_fn=keep_batch,  # the datasets hand out whole batches (__getitems__)
+            pin_memory=self.trainer is not None and self.trainer.strategy.root_device.type == "cuda",
+            persistent_workers=workers > 0,
+        )
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
@@ -424,9 +383,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
 
 def instantiate_data(config: Namespace) -> ImageDataModule:
-    """The DataModule a configuration's ``data`` section describes, built as LightningCLI builds classes, with
-    the class path in its hyper-parameters (checkpoints name it); an image size chosen by the DataModule is
-    written back, so that config.yaml records the size used."""
+    """The DataModule of a configuration's ``data`` section, as LightningCLI builds it, its class path in its
+    hyper-parameters (checkpoints name it); a size the DataModule chose is written back into config.yaml."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(ImageDataModule, "data")
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49

@@ -1,11 +1,6 @@
-"""Decode-once image cache: every image decoded and resized once into a uint8 memmap.
-
-It is keyed by a fingerprint of the file list, sizes, modification times and the resize
-settings, so a changed dataset is never served stale. Every file is renamed into place, the
-JSON record last, so an interrupted build is never trusted; a damaged one is found on opening,
-named in a warning and rebuilt. A cache that would not fit the free disk space is not started
-(``CacheTooLarge``), so a data set too large to hold streams instead.
-"""
+"""Decode-once image cache: every image decoded and resized once into a uint8 memmap, keyed by the files' paths,
+sizes and times and the resize settings. Files are renamed into place, the JSON record last, so an interrupted
+build is never trusted; a damaged one is named in a warning and rebuilt."""
 
 import hashlib
 import json
@@ -44,8 +39,7 @@ def fingerprint(files: list[Path], settings: dict) -> str:
 
 @contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
-    """A temporary path to write, renamed to ``path`` when the block ends without an error: a reader
-    sees the old file or the new one, never part of one."""
+    """A temporary path to write, renamed to ``path`` when the block ends without an error."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
     try:
         yield temporary
@@ -57,20 +51,17 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (``replaced_atomically``)."""
     with replaced_atomically(path) as temporary:
         temporary.write_text(text)
 
 
 def checksum(images: np.ndarray) -> str:
-    """A digest of the pixels, recorded at build and compared on opening. crc32 finds damage, not
-    tampering, and is faster than sha1 and md5; from a cold disk the read dominates anyway."""
+    """A digest of the pixels: crc32 finds damage (not tampering), faster than sha1 and md5."""
     return f"crc32:{zlib.crc32(memoryview(images.reshape(-1))):08x}"
 
 
 def decode(path: Path, size: tuple[int, int], mode: str, interpolation: str = "bilinear") -> np.ndarray:
-    """One image as uint8 (C, H, W): opened by ``open_image``, resized (``interpolation``: bilinear or bicubic)
-    to cover ``size`` (H, W) and centre-cropped, so the aspect ratio is kept."""
+    """One image as uint8 (C, H, W): resized (bilinear or bicubic) to cover ``size`` (H, W), centre-cropped."""
     resample = Image.Resampling[interpolation.upper()]
     image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), resample)
     array = np.asarray(image, dtype=np.uint8)
@@ -95,8 +86,7 @@ def decode_all(
     parallel = workers > 1 and len(tasks) > 64
     with Progress(*columns) as progress, get_context("fork").Pool(workers) if parallel else nullcontext() as pool:
         task = progress.add_task(description, total=len(tasks), rate=0.0)
-        # Chunks of at most 256: few messages for small images, and still 8 a worker for a few
-        # thousand large photos, so no worker idles at the end while another decodes its last chunk.
+        # At most 256 a chunk, and 8 chunks a worker, so none idles at the end while another decodes its last.
         chunk = max(1, min(256, len(tasks) // (8 * workers))) if parallel else 1
         results = pool.imap_unordered(_decode_one, tasks, chunksize=chunk) if parallel else map(_decode_one, tasks)
         for done, result in enumerate(results, 1):
@@ -117,7 +107,7 @@ def read_record(path: Path) -> dict:
 
 
 def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
-    """The {index: reason} of unreadable files recorded in ``path``, checked against ``count`` files."""
+    """The {index: reason} of unreadable files recorded in ``path``, checked against ``count``."""
     if not isinstance(entries, dict) or not all(
         index.isdigit() and int(index) < count and isinstance(reason, str) for index, reason in entries.items()
     ):
@@ -126,21 +116,18 @@ def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
 
 
 def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, str]]:
-    """The cached array and its unreadable files, each checked; ValueError says which file is wrong and how."""
+    """The cached array and its unreadable files, each checked; ValueError says which is wrong and how."""
     record = read_record(record_path)
-    missing = {"shape", "checksum", "invalid"} - record.keys()
-    if missing:
-        raise ValueError(f"{record_path} lacks {', '.join(sorted(missing))}")
-    if record["shape"] != list(shape):
-        raise ValueError(f"{record_path} records the shape {record['shape']}, not {list(shape)}")
-    invalid = invalid_files(record["invalid"], shape[0], record_path)
+    if record.get("shape") != list(shape):  # a missing key reads as None: refused like a wrong value
+        raise ValueError(f"{record_path} records the shape {record.get('shape')}, not {list(shape)}")
+    invalid = invalid_files(record.get("invalid"), shape[0], record_path)
     try:
         images = np.load(array_path, mmap_mode="r")
     except (OSError, ValueError) as error:  # a truncated array: "mmap length is greater than file size"
         raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error
     if images.shape != shape or images.dtype != np.uint8:
         raise ValueError(f"{array_path} holds {images.dtype} {list(images.shape)}, not uint8 {list(shape)}")
-    if checksum(images) != record["checksum"]:
+    if checksum(images) != record.get("checksum"):
         raise ValueError(f"{array_path} does not match the checksum in {record_path}: its pixels changed")
     return images, invalid
 
@@ -154,9 +141,8 @@ def load_or_build(
     name: str,
     interpolation="bilinear",
 ) -> tuple[np.ndarray, dict[int, str]]:
-    """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache
-    when its fingerprint matches and it is whole, else decoded once and written (CacheTooLarge first
-    when it would not fit)."""
+    """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache when it
+    matches and is whole, else decoded and written (CacheTooLarge first when it would not fit)."""
     settings = {"size": list(size), "mode": mode} | ({} if interpolation == "bilinear" else {"resample": interpolation})
     key = fingerprint(files, settings)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -194,8 +180,7 @@ def load_or_build(
 
 
 def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, name: str) -> dict[int, str]:
-    """The unreadable files among ``files`` ({index: reason}) for the streaming path: each decoded once
-    (small), the answer recorded and keyed like the cache, so later runs with the same files start at once."""
+    """The unreadable ``files`` ({index: reason}) for streaming: each decoded once, recorded like the cache."""
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
     if record.exists():
         try:

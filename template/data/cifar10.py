@@ -43,8 +43,7 @@ def read_batches(folder: Path, names: list[str]) -> Split:
 
 
 class CIFAR10DataModule(ImageDataModule):
-    """CIFAR-10: 50,000 training and 10,000 test images of 32x32, ten classes. Validation is a
-    stratified share of the training set, so the official test set never guides training.
+    """CIFAR-10: 50,000 training and 10,000 test images of 32x32, ten classes; val is a share of train.
 
     Args:
         root: directory holding ``cifar-10-batches-py/``.
@@ -93,7 +92,7 @@ class CIFAR10DataModule(ImageDataModule):
         CIFAR10(str(self.root), download=True)
 
     def load_split(self, split: str) -> Split:
-        self.prepare_data()  # also checks the files when prepare_data was not called (e.g. from Python)
+        self.prepare_data()  # checks the files when prepare_data was not called (from Python)
         folder = self.root / FOLDER
         if split in ("test", "predict"):
             return read_batches(folder, TEST_FILES)

@@ -14,8 +14,7 @@ class DigitsDataModule(ImageDataModule):
         val_fraction: share of all images held out for validation (checkpoint choice).
         test_fraction: share of all images held out for the final test.
         split_seed: seed of the split alone: the training seed never moves images between splits.
-        crop_padding: random translation by up to this many pixels (the base's flip stays off: a
-            mirrored digit is a different digit, or none).
+        crop_padding: random translation by up to this many pixels (no flip: a mirrored digit is none).
         **kwargs: every option of ImageDataModule (batch_size, the augmentation, folds...).
     """
 

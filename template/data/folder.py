@@ -24,8 +24,8 @@ RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-res
 
 
 def visible(folder: Path, recursive: bool = True) -> list[Path]:
-    """Sorted paths in ``folder`` (or below it), hidden ones left out. Symlinks that lead nowhere, and below
-    it links to folders (not followed), are named in a warning: a moved target would vanish without a word."""
+    """Sorted paths in (or below) ``folder``, hidden ones left out; dangling links, and links to folders below
+    it (not followed), named in a warning: a moved target would vanish without a word."""
     found = folder.rglob("*") if recursive else folder.iterdir()
     paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
@@ -38,11 +38,6 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
 
 def list_files(folder: Path) -> list[Path]:
     return [path for path in visible(folder) if path.is_file()]
-
-
-def list_class_folders(folder: Path) -> dict[str, list[Path]]:
-    """{class name: sorted files} of ``folder/<class>/*``."""
-    return {path.name: list_files(path) for path in visible(folder, recursive=False) if path.is_dir()}
 
 
 def describe(paths: list[str], what: str) -> str:
@@ -60,8 +55,7 @@ def named(files: list[Path], invalid: dict[int, str]) -> list[str]:
 def resize_pair(
     resize_size: int | tuple[int, int] | None, image_size: tuple[int, int], margin: float
 ) -> tuple[int, int]:
-    """``resize_size`` as (height, width), at least ``image_size``: an int is the shorter side, the
-    other in ``image_size``'s proportions; ``None`` is ``image_size`` times ``margin``."""
+    """``resize_size`` as (H, W), at least ``image_size``: an int is the shorter side; ``None``, ``margin`` times."""
     if resize_size is None or isinstance(resize_size, int):
         scale = margin if resize_size is None else resize_size / min(image_size)
         pair = (round(image_size[0] * scale), round(image_size[1] * scale))
@@ -76,39 +70,33 @@ def resize_pair(
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """Images in class folders, decoded once into a cache or streamed from the files.
-
-    Class names are the sorted folder names of ``root/train``; they travel in the checkpoint, as
-    does the normalisation, so ``predict`` of a trained model needs no training folder. Each file
-    is stored resized to cover ``resize_size`` and centre-cropped: photos of any size train at the
-    speed of their stored size.
+    """Images in class folders ``root/<split>/<class>/*``, decoded once into a cache or streamed from the files,
+    each resized to cover ``resize_size`` and centre-cropped. The class names and normalisation travel in the
+    checkpoint, so ``predict`` of a trained model needs no training folder.
 
     Args:
         root: the dataset folder, holding ``train/`` and optionally ``val/`` and ``test/``.
         image_size: the size the model gets (side, or (H, W)); ``None``: the pretrained weights'
             input size when the CLI has torchvision weights, else 32.
         resize_size: the size images are stored at (the shorter side, or (H, W)), at least image_size.
-            ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224), so
-            random crops keep some freedom and evaluation takes the centre 7/8.
-        interpolation: of that resize, ``bilinear`` (``None``) or ``bicubic`` (pretrained weights' own, where
-            they were trained with it: timm's mostly).
+            ``None``: image_size, or 8/7 of it with crop_scale (torchvision's 256 for 224).
+        interpolation: of that resize, ``bilinear`` (``None``) or ``bicubic`` (most timm weights').
         channels: ``rgb`` (grey and RGBA files are converted) or ``grayscale``.
         val_fraction: share of ``train`` held out for validation when there is no ``val/``.
-        test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``, so that
-            ``test`` has images the checkpoint choice never saw; 0: ``test`` needs a ``test/`` folder.
+        test_fraction: share of ``train`` held out for ``test`` when there is no ``test/``; 0: ``test``
+            needs a ``test/`` folder.
         split_seed: seed of these splits alone.
         num_workers: processes that decode images (the cache build, or streaming).
-        cache: decode every image once into a uint8 memmap; ``False``: DataLoader workers decode
-            each file every epoch; ``None`` caches unless the cache would take more than 90% of
-            the free disk space, and then streams and says so.
+        cache: decode every image once into a uint8 memmap; ``False``: DataLoader workers decode each file
+            every epoch; ``None`` caches unless it would take more than 90% of the free disk space.
         cache_dir: where cache files live; each is keyed by the files and settings.
         mean: per-channel mean in [0, 1]; computed from the training split when not given.
         std: per-channel standard deviation, likewise.
-        skip_invalid: leave out unreadable files (named in a warning) instead of stopping with an
-            error that names them; a class left with none is an error.
+        skip_invalid: leave out unreadable files (named in a warning) instead of stopping with an error
+            that names them; a class left with none is an error.
         predict_path: a folder (searched recursively) or a list of image files for ``predict``.
-        classes: the class names, in label order; by default the sorted folder names of
-            ``root/train``, which must then be the same set (the CLI sets a checkpoint's).
+        classes: the class names, in label order; by default the sorted folder names of ``root/train``,
+            which must then be the same set (the CLI sets a checkpoint's).
         batch_size, crop_padding, hflip: for photos (32; random crops padded by 4 pixels, mirrored).
         **kwargs: every other option of ImageDataModule (crop_scale, the augmentation, folds...).
     """
@@ -178,8 +166,7 @@ class ImageFolderDataModule(ImageDataModule):
         return fractions
 
     def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
-        """Check the layout before anything is decoded; every problem is named. Without root/train,
-        only given classes (a trained model's) allow going on: what needs train/ then says it is missing."""
+        """Check the layout before anything is decoded, naming every problem; no train/ needs given classes."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
             raise ValueError(f"data classes must be at least two different names, not {classes}")
         if self.root is None:  # a trained model's classes alone: predict_path's images, or nothing
@@ -188,23 +175,21 @@ class ImageFolderDataModule(ImageDataModule):
             return {}
         train = self.root / "train"
         if not train.is_dir() and classes is None:
-            raise FileNotFoundError(
-                f"no train/ folder in {self.root.resolve()}: expected {self.root}/train/<class>/<image files>"
-            )
-        folders = {split: list_class_folders(self.root / split) for split in ("train", "val", "test")
-                   if (self.root / split).is_dir()}  # fmt: skip
+            raise FileNotFoundError(f"no train/ folder in {self.root.resolve()}: expected train/<class>/<image files>")
+        folders = {
+            split: {path.name: list_files(path) for path in visible(self.root / split, False) if path.is_dir()}
+            for split in ("train", "val", "test")
+            if (self.root / split).is_dir()
+        }
         if "train" in folders:
             if not folders["train"]:
                 raise ValueError(f"{train} has no class folders: expected {train}/<class>/<image files>")
             if len(folders["train"]) == 1:  # else it fails later, deep in the metrics
-                raise ValueError(
-                    f"{train} has only one class folder ({next(iter(folders['train']))}): a classifier needs at "
-                    f"least two classes; add a folder of images for each other class to {train}"
-                )
+                name = next(iter(folders["train"]))
+                raise ValueError(f"{train} has only one class folder ({name}): a classifier needs at least two")
             if classes is not None and set(classes) != set(folders["train"]):
                 raise ValueError(
-                    f"the classes {sorted(classes)} (data.classes: the trained ones, when evaluating) are not the "
-                    f"class folders of {train}: {sorted(folders['train'])}"
+                    f"data.classes {sorted(classes)} are not the class folders of {train}: {sorted(folders['train'])}"
                 )
         problems = []  # every problem of the layout, then of the files, said in one message: one round of fixes
         empty = [str(self.root / split / name) for split, found in folders.items()
@@ -216,16 +201,14 @@ class ImageFolderDataModule(ImageDataModule):
             unknown = sorted(set(folders.get(split, {})) - known)
             if unknown:
                 problems.append(
-                    f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}. The model can only "
-                    f"learn classes it trains on; add them to {train} or remove them from {self.root / split}"
+                    f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}; add or remove them"
                 )
         if problems:
             raise ValueError(self._with_unreadable(problems, folders))
         return folders
 
     def _with_unreadable(self, problems: list[str], folders: dict, checked: str | None = None) -> str:
-        """``problems`` and the unreadable files of every split folder (but ``checked``, already said), as one
-        message: the layout and the files are fixed in one round, not one problem a run."""
+        """``problems`` and every split's unreadable files (but ``checked``'s) as one message: one round of fixes."""
         for split in [split for split in folders if split != checked and not self.skip_invalid]:
             files = [path for paths in folders[split].values() for path in paths]
             invalid = load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
@@ -244,10 +227,8 @@ class ImageFolderDataModule(ImageDataModule):
                 )
             except CacheTooLarge as too_large:
                 if self.cache:
-                    raise CacheTooLarge(
-                        f"{too_large}; data.cache is true: free some space, set data.cache_dir to a disk with room, "
-                        "or set data.cache to null (stream what does not fit) or false"
-                    ) from None
+                    message = "free some space, set data.cache_dir to a disk with room, or data.cache to null or false"
+                    raise CacheTooLarge(f"{too_large}; data.cache is true: {message}") from None
                 rank_zero_warn(f"{too_large}, so {split} streams from the files instead (decoded every epoch)")
         return None, load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
 
@@ -267,15 +248,12 @@ class ImageFolderDataModule(ImageDataModule):
             )
         if invalid:
             rank_zero_warn(describe(named(files, invalid), f"unreadable file(s) left out of {split} (skip_invalid)"))
-            # A class whose files are all unreadable would vanish from the split without a word.
             kept = set(labels[keep].tolist())
             lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
             if lost:
                 where = [f"{name} ({self.root / split / name})" for name in lost]
-                raise ValueError(
-                    describe(where, f"class(es) in {split}/ with no readable image left (skip_invalid)")
-                    + "\nReplace their files with readable images, or remove the folder to drop the class."
-                )
+                what = f"class(es) in {split}/ with no readable image left (skip_invalid); replace their files, or remove the folder to drop the class"
+                raise ValueError(describe(where, what))
         self._sources[split] = (files, labels, keep, images)
         return self._sources[split]
 
@@ -286,11 +264,9 @@ class ImageFolderDataModule(ImageDataModule):
         if self.root is None:
             raise FileNotFoundError(f"{split} needs images: give --data.root DIR, the folder of the {split}/ images")
         if split not in self.folders:
-            held_out = ", set data.test_fraction above 0 to hold a share of train/ out, or run validate"
-            or_else = held_out if split == "test" else ""
+            or_else = ", set data.test_fraction above 0, or run validate" if split == "test" else ""
             raise FileNotFoundError(
-                f"no {split}/ folder in {self.root.resolve()}: {split} needs {self.root}/{split}/<class>/<image "
-                f"files>; add one{or_else}"
+                f"no {split}/ folder in {self.root.resolve()}: add {split}/<class>/<image files>{or_else}"
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]
@@ -304,9 +280,7 @@ class ImageFolderDataModule(ImageDataModule):
         files = []
         for path in map(Path, paths):
             if not path.is_dir() and not path.is_file():
-                raise FileNotFoundError(
-                    f"data.predict_path: {path} does not exist; set it to a folder of images or a list of image files"
-                )
+                raise FileNotFoundError(f"data.predict_path: {path} does not exist; set it to a folder or image files")
             found = list_files(path) if path.is_dir() else [path]
             if not found:
                 raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")

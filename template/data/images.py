@@ -5,21 +5,18 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-# Pillow's modes for 16-bit grey PNGs and TIFFs ("I" in older Pillow, and for some TIFFs).
 SIXTEEN_BIT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 
 
 def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
-    """The image of ``path`` decoded in full, upright, in ``mode`` ("RGB" or "L").
+    """The image of ``path`` decoded in full, upright (EXIF orientation), 16-bit scaled to 8, in ``mode``.
 
-    ``Image.open(path).convert(mode)`` would leave phone photos sideways (their EXIF Orientation
-    says how to turn them) and clip 16-bit values to 255, turning such images almost all white.
-    With ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least
-    ``draft`` (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
+    With ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least ``draft``
+    (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
     """
     with Image.open(path) as image:
         if draft is not None:
-            image.draft(image.mode, (draft, draft))  # a square: either orientation; a deployment repeats it (README)
+            image.draft(image.mode, (draft, draft))  # a square: either orientation
         image.load()  # decodes it all: a truncated file fails here, not later in training
         ImageOps.exif_transpose(image, in_place=True)
         if image.mode in SIXTEEN_BIT_MODES:  # keep the top 8 of the 16 bits

@@ -1,35 +1,23 @@
-"""What the DataLoaders read: datasets that hand out whole uint8 batches, and the training order.
-
-Both datasets give the same uint8 (B, C, H', W') at the stored size (``resize_size``) for the same
-image: ``TensorImageDataset`` from memory (or a memmap cache), ``FileDataset`` from the files.
-"""
+"""What the DataLoaders read: datasets that hand out whole uint8 batches (B, C, H', W'), and the training order."""
 
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 
 from template.data.cache import decode
 
 Split = tuple[torch.Tensor, torch.Tensor]  # uint8 images (N, C, H, W), int64 labels (N,)
 
 
-class TensorImageDataset(Dataset):
+class TensorImageDataset(TensorDataset):
     """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> Split:
-        return self.images[index], self.labels[index]
+        super().__init__(images, labels)
+        self.images, self.labels = images, labels
 
     def __getitems__(self, indices: list[int]) -> Split:
         index = torch.as_tensor(indices)
@@ -42,8 +30,7 @@ class TensorImageDataset(Dataset):
 
 
 class FileDataset(Dataset):
-    """Image files decoded per item in DataLoader workers: the streaming path. Each image is what the
-    cache would hold (``cache.decode``): streaming changes where images are decoded, never what."""
+    """Image files decoded in DataLoader workers, each as the cache would hold it (``cache.decode``)."""
 
     def __init__(
         self, files: list[Path], labels: torch.Tensor, size: tuple[int, int], mode: str, interpolation="bilinear"
@@ -86,9 +73,8 @@ def keep_batch(batch: Split) -> Split:
 
 
 class ResumableSampler(DistributedSampler):
-    """The training order: DistributedSampler's permutation of (seed, epoch), reproducible without saving
-    generator state. On a mid-epoch resume the first ``skip`` samples of this rank's share, already
-    trained on, are left out until the next epoch; the epoch's length stays, so the Trainer counts on."""
+    """The training order: DistributedSampler's permutation of (seed, epoch). On a mid-epoch resume the first
+    ``skip`` samples of this rank's share, already trained on, are left out until the next epoch."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -96,8 +82,7 @@ class ResumableSampler(DistributedSampler):
         self.consumed = 0  # samples of this epoch handed to training, counted by the DataModule
         self.order: list[int] = []  # this rank's dataset indices of the epoch, in training order
         self.coins: torch.Tensor | None = None  # each image's mirroring in even epochs (alternating_flips)
-        # The DataLoader draws its workers' base seed from this, not from the global generator:
-        # loading data then never moves the random stream that augmentation draws from.
+        # The workers' base seed: loading then never moves the global stream that augmentation draws from.
         self.loader_generator = torch.Generator().manual_seed(seed)
 
     def set_epoch(self, epoch: int) -> None:
@@ -112,10 +97,8 @@ class ResumableSampler(DistributedSampler):
         return iter(self.order[self.skip :])
 
     def alternating_flips(self, count: int) -> torch.Tensor:
-        """Whether to mirror each of the next ``count`` training images (from ``consumed`` on): a coin per image,
-        drawn once from the seed, in even epochs and its opposite in odd ones. Every image is seen both ways in
-        every two epochs, where independent coins would show half of them one way only (airbench's
-        derandomised flip, Jordan 2024)."""
+        """Whether to mirror each of the next ``count`` training images: a coin per image drawn once from the
+        seed, its opposite in odd epochs, so each is seen both ways (airbench's derandomised flip)."""
         if self.coins is None or len(self.coins) != len(self.dataset):
             generator = torch.Generator().manual_seed(self.seed)
             self.coins = torch.randint(0, 2, (len(self.dataset),), generator=generator).bool()

@@ -1,8 +1,5 @@
-"""How an image file becomes the model's input, as a record that travels with the model.
-
-Every checkpoint holds it (the DataModule's state), and exported files carry it as metadata,
-so ``predict`` and a deployment need the checkpoint (or the exported file) and the images,
-nothing else. The record, all plain values::
+"""How an image file becomes the model's input: a record in every checkpoint (the DataModule's state) and
+exported file, so ``predict`` and a deployment need nothing else. All plain values::
 
     {"input_shape": [C, H, W],      # channels: 1 grey ("L"), 3 RGB
      "resize": "cover_center_crop", # or "none": see RESIZE
@@ -10,23 +7,17 @@ nothing else. The record, all plain values::
      "interpolation": "bilinear",   # of that scaling: PIL's BILINEAR or BICUBIC
      "mean": [...], "std": [...]}   # per channel, of pixel values scaled to [0, 1]
 
-and the model's input is ``(pixels / 255 - mean) / std``, (B, C, H, W) float32. Records
-written before ``resize_size`` existed read as ``resize_size == [H, W]``, what they meant.
+and the model's input is ``(pixels / 255 - mean) / std``, (B, C, H, W) float32. Records older than
+``resize_size`` mean ``[H, W]``.
 """
 
 import math
 from typing import Any
 
-# How an image reaches (H, W):
-RESIZE = {
-    # Scaled (bilinear) so that it covers resize_size (H', W'), keeping its aspect ratio, its centre
-    # (H', W') cut out, then the centre (H, W) of that: PIL's ImageOps.fit(image, (W', H'),
-    # Image.Resampling.BILINEAR, or BICUBIC as "interpolation" says), after decoding a JPEG at 1/2, 1/4 or 1/8 of its size when both
-    # sides stay at least max(H', W') (images.open_image). Training's random crops come from the
-    # (H', W') image; resize_size == (H, W) is the plain resize-to-cover and centre crop.
+RESIZE = {  # how an image reaches (H, W)
+    # PIL's ImageOps.fit(image, (W', H'), interpolation) after a JPEG draft decode (images.open_image)
     "cover_center_crop": "scaled to cover resize_size, aspect ratio kept, then centre-cropped to (H, W)",
-    # The source's images are already (H, W) (the embedded digits, CIFAR-10 arrays).
-    "none": "images of the source are already (H, W)",
+    "none": "images of the source are already (H, W)",  # the digits, CIFAR-10's arrays
 }
 KEYS = ("input_shape", "resize", "resize_size", "interpolation", "mean", "std")
 OPTIONAL = {"resize_size", "interpolation"}  # absent from records written before they existed
@@ -34,10 +25,7 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 
 
 def check_preprocessing(record: Any, source: str) -> dict:
-    """``record`` if it is a well-formed preprocessing record; else a ValueError naming what is wrong.
-
-    It comes from a file (a checkpoint, an exported model's metadata): untrusted input.
-    """
+    """``record`` (from a file: untrusted) if it is a well-formed preprocessing record, else a ValueError."""
     if not isinstance(record, dict) or not set(KEYS) - OPTIONAL <= set(record) <= set(KEYS):
         raise ValueError(
             f"{source}: the preprocessing record must have the keys {', '.join(KEYS)} ({', '.join(OPTIONAL)} "
