@@ -17,13 +17,7 @@ from rich.console import Console
 
 from template.cli import PROGRAM
 from template.data.cache import write_atomic
-from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
-    at_least,
-    checked_config,
-    fit,
-    monitored,
-    runs_place,
-)
+from template.tools import fits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,23 +26,25 @@ def build_parser() -> argparse.ArgumentParser:
         usage=f"{PROGRAM} cv --folds K [fit options]",
         description="k-fold cross-validation; every other option is a fit option (--config ...).",
     )
-    parser.add_argument("--folds", type=at_least(2), required=True, help="number of folds, at least 2")
+    parser.add_argument("--folds", type=int, required=True, help="number of folds, at least 2")
     return parser
 
 
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
+    if options.folds < 2:
+        parser.error(f"--folds {options.folds}: at least 2")
     blame = f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, Swap the data)"
-    config = checked_config(fit_args, [f"--data.init_args.folds={options.folds}"], blame)
-    runs_dir, name = runs_place(config)
-    monitor, _ = monitored(config)
+    config = fits.checked_config(fit_args, [f"--data.init_args.folds={options.folds}"], blame)
+    runs_dir, name = fits.runs_place(config)
+    monitor, _ = fits.monitored(config)
     # runs/<name>/cv_N for the first N not taken: a rerun never mixes its folds with an earlier one's.
     cv_dir = next(runs_dir / name / f"cv_{n}" for n in itertools.count() if not (runs_dir / name / f"cv_{n}").exists())
     folds = []
     for fold in range(options.folds):
         fold_args = [*fit_args, f"--data.init_args.folds={options.folds}", f"--data.init_args.fold={fold}"]
-        result = fit(fold_args, (f"{name}/{cv_dir.name}", f"fold_{fold}"))
+        result = fits.fit(fold_args, (f"{name}/{cv_dir.name}", f"fold_{fold}"))
         if result.score is None:
             raise ValueError(f"fold {fold} recorded no {monitor}: does validation run (limit_val_batches)?")
         folds.append(result)

@@ -1,15 +1,14 @@
 """``template doctor [fit options]``: pre-flight checks that catch the classic training bugs in seconds.
 
-It builds the DataModule and model ``fit`` would and checks the environment, the data, the model, whether
-the model can memorise a small batch, its memory and its speed. The last three train a copy of the
-configured module through its own training_step and configure_optimizers (``short_fit.py``), so a changed
-loss, optimizer or schedule is what they check. Each check prints pass / warn / fail with what it saw and
-what to do; any fail exits with status 1, so it can gate CI or a job.
+It builds what ``fit`` would and checks the environment, the data, the model, whether the configured module
+(its own loss, optimizer and schedule: ``short_fit.py``) can memorise a few images, its memory and speed.
+Each check prints pass / warn / fail with what it saw and what to do; any fail exits with status 1.
 """
 
 import copy
 import hashlib
 import importlib.metadata
+import itertools
 import os
 import platform
 import shutil
@@ -20,6 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.model_summary import ModelSummary
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -48,8 +48,7 @@ def check_environment(accelerator: str) -> list[Check]:
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in STACK)
     stack = Check("environment", "python and stack", "pass", f"python {platform.python_version()}, {versions}")
     # Asking for a GPU that cannot be used fails; running on the CPU when none is asked for does not.
-    needs_gpu = accelerator in ("gpu", "cuda")
-    bad, no_gpu = ("fail", "fail") if needs_gpu else ("warn", "pass")
+    bad, no_gpu = ("fail", "fail") if accelerator in ("gpu", "cuda") else ("warn", "pass")
     built = f"torch is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is False"
     if torch.version.cuda is None:
         status, detail = no_gpu, "CPU-only build of torch"
@@ -68,7 +67,7 @@ def check_environment(accelerator: str) -> list[Check]:
         if unsupported:
             status = "fail"
             detail += f"; this build has no kernels for {', '.join(unsupported)} (it has {' '.join(arch_list)})"
-    elif os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
         status, detail = bad, f"{built}: CUDA_VISIBLE_DEVICES hides every GPU"
         fix = "unset CUDA_VISIBLE_DEVICES or name the GPUs to use"
     elif shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists():
@@ -97,8 +96,7 @@ def split_contents(dataset) -> tuple[list[str], torch.Tensor]:
 
 
 def image_names(datamodule: ImageDataModule, split: str, count: int) -> list[str]:
-    """Each image of a split as a report names it: its file (``split_files``), else its position, with its
-    index in the source where the DataModule records that (``split_indices``)."""
+    """Each image of a split by its file, else its position (and index in the source, where recorded)."""
     files = getattr(datamodule, "split_files", {}).get(split)
     if files is not None and len(files) == count:
         return [str(file) for file in files]
@@ -140,9 +138,7 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
     else:
         status, detail, fix = "pass", f"per class in train {int(train.min())}-{int(train.max())}", ""
     checks.append(Check("data", "class balance", status, f"{sizes} images; {detail}", fix))
-    for first, second in (("train", "val"), ("train", "test"), ("val", "test")):
-        if first not in contents or second not in contents:
-            continue
+    for first, second in itertools.combinations(contents, 2):  # train/val, train/test, val/test
         seen = {key: index for index, key in enumerate(contents[first][0])}
         shared = [(seen[key], index) for index, key in enumerate(contents[second][0]) if key in seen]
         name = f"{first}/{second} overlap"
@@ -248,31 +244,9 @@ def check_model(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_
     return checks
 
 
-def shape_table(net: nn.Module, images: torch.Tensor) -> Table:
-    """Output shape and parameters of each top-level stage, for one input."""
-    net = copy.deepcopy(net).eval()
-    stages = []
-    for name, child in net.named_children():  # a ModuleList is never called itself: list its members
-        members = child.named_children() if isinstance(child, nn.ModuleList | nn.ModuleDict) else [("", child)]
-        stages += [(f"{name}.{sub}" if sub else name, module) for sub, module in members]
-    shapes = {}
-    for name, module in stages:
-        module.register_forward_hook(lambda module, inputs, output, name=name: shapes.update({name: output.shape}))
-    with torch.no_grad():
-        net(images[:1])
-    total = sum(p.numel() for p in net.parameters())
-    title = f"{type(net).__name__}: {total:,} parameters, input {tuple(images.shape[1:])}"
-    table = Table("stage", "output shape", "parameters", title=title)
-    for name, module in stages:
-        shape = tuple(shapes[name]) if name in shapes else "not called"
-        table.add_row(name, str(shape), f"{sum(p.numel() for p in module.parameters()):,}")
-    return table
-
-
 def check_learnability(model: ClassificationModule, trainer: L.Trainer, images: torch.Tensor, labels: torch.Tensor,
                        steps: int = 200) -> Check:  # fmt: skip
-    """Can the configured module, with its own loss, optimizer and schedule, memorise a few images?
-    If not, nothing else matters."""
+    """Can the configured module memorise a few images? If not, nothing else matters."""
     try:
         result = short_fit(model, trainer, (images, labels), steps, Memorise(labels))
     except Exception as error:  # reported as the failed check, in the module's own words
@@ -318,9 +292,9 @@ def run_checks(
     trainer: L.Trainer,
     accelerator: str = "auto",
     overfit_images: int = 16,
-) -> tuple[list[Check], Table | None]:
-    """Every check, in order, and the network's stage table once a clean batch is at hand. ``trainer`` is the
-    configured one, for its device, precision and clipping; ``accelerator`` is ``trainer.accelerator`` as given."""
+) -> tuple[list[Check], ModelSummary | None]:
+    """Every check, in order, and the module's summary (each layer's output shape) once a clean batch is at hand;
+    ``accelerator`` is the one asked for ("auto", "gpu"...), not the one Lightning chose."""
     checks = check_environment(accelerator)
     try:
         batch_size = datamodule.device_batch_size(trainer.world_size)
@@ -347,28 +321,24 @@ def run_checks(
     checks.append(check_learnability(model, trainer, *few))
     if checks[-1].name != "training step":  # a step that raises cannot be timed either
         checks += check_memory_and_speed(model, trainer, images, labels, batch_size)
-    return checks, shape_table(model.net, images)
+    model = copy.deepcopy(model)
+    model.example_input_array = images[:1]  # what Lightning's summary runs to find each layer's output shape
+    return checks, ModelSummary(model, max_depth=3)  # down to the network's stages
 
 
-def report(checks: list[Check], console: Console) -> None:
+def main(args: list[str]) -> None:
+    built = cli(args, run=False, command="doctor")
+    accelerator = str(built.config.get("trainer", {}).get("accelerator", "auto"))
+    checks, summary = run_checks(built.model, built.datamodule, built.trainer, accelerator)
+    if summary is not None:
+        print(summary)
     columns = 4 if any(check.fix for check in checks) else 3  # a fix column only when there is one to show
     table = Table(*("check", "status", "what it saw", "fix")[:columns], title=f"{PROGRAM} doctor")
     for check in checks:
         row = [f"{check.group}: {check.name}", f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix]
         table.add_row(*row[:columns])
-    console.print(table)
-
-
-def main(args: list[str]) -> None:
-    """``template doctor [fit options]``: exit status 1 when any check fails."""
-    built = cli(args, run=False, command="doctor")
-    # The accelerator asked for ("auto", "gpu"...), not the one Lightning chose.
-    accelerator = str(built.config.get("trainer", {}).get("accelerator", "auto"))
-    checks, stages = run_checks(built.model, built.datamodule, built.trainer, accelerator)
     console = Console()
-    if stages is not None:
-        console.print(stages)
-    report(checks, console)
+    console.print(table)
     failed = [f"{check.group}/{check.name}" for check in checks if check.status == "fail"]
     if failed:
         console.print(f"[bold red]failed: {', '.join(failed)}[/]")

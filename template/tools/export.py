@@ -1,12 +1,9 @@
 """``template export``: a trained network as safetensors, TorchScript or ONNX, checked for parity.
 
-    template export --ckpt_path best --format onnx
-
-The network is rebuilt from the checkpoint's record (``template.restore``: a registry name and literal
-arguments) and its weights loaded without unpickling; the written file is read back and run on a batch
-beside the original, and the export fails when their logits differ by more than the tolerance. Each file
-carries ``class_names`` and ``preprocessing`` (resize, mean, std) as JSON strings, read back too: in the
-safetensors metadata, ONNX ``metadata_props``, or TorchScript extra files ``class_names.json`` and so on.
+The network is rebuilt from the checkpoint's record (``template.restore``) and its weights loaded without
+unpickling. The file carries ``class_names`` and ``preprocessing`` as JSON strings (safetensors metadata, ONNX
+``metadata_props``, TorchScript extra files ``class_names.json``...); it is read back and run beside the
+original, and the export fails if its metadata is lost or its logits differ by more than the tolerance.
 """
 
 import argparse
@@ -28,23 +25,10 @@ from template.checkpoints import (
 )
 from template.cli import PROGRAM
 from template.module import ClassificationModule
-from template.restore import Restored, build, restore
+from template.restore import build, restore
 from template.runs import DEFAULT_RUNS_DIR
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
-
-
-def network_spec(restored: Restored) -> dict:
-    """The network of a restored checkpoint, without pretrained weights (the checkpoint holds all of its own)."""
-    spec = restored.config.get("model", {}).get("init_args", {}).get("net")
-    if not isinstance(spec, dict):
-        raise ValueError(
-            f"{restored.path} does not say which network it holds (no net in its hyper-parameters); "
-            "it was not written by this project's CLI"
-        )
-    if "weights" in spec["init_args"]:
-        spec = {**spec, "init_args": {**spec["init_args"], "weights": None}}
-    return spec
 
 
 def export_safetensors(
@@ -100,10 +84,16 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     restored = restore(ckpt_path, ClassificationModule, None, fit=False)  # names and literals only, nothing run
-    spec, hparams = network_spec(restored), restored.trained
-    net = build(spec)
+    spec, hparams = restored.config.get("model", {}).get("init_args", {}).get("net"), restored.trained
+    if not isinstance(spec, dict):
+        raise ValueError(
+            f"{restored.path} does not say which network it holds (no net in its hyper-parameters); "
+            "it was not written by this project's CLI"
+        )
+    if "weights" in spec["init_args"]:  # no pretrained weights: the checkpoint holds all of its own
+        spec = {**spec, "init_args": {**spec["init_args"], "weights": None}}
+    net = build(spec).eval()
     load_weights(net, read_checkpoint(ckpt_path), strict=True)  # its tensors, checked against their digest
-    net.eval()
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
     path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])

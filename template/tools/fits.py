@@ -1,7 +1,6 @@
 """Many fits from one command (``template sweep``, ``template cv``): each an ordinary ``template fit``
 run, in a run directory of its own, with its config.yaml, env.json and checkpoints."""
 
-import argparse
 import contextlib
 import io
 import sys
@@ -19,7 +18,6 @@ from template.runs import DEFAULT_RUNS_DIR, is_tensorboard, loggers_of, runs_dir
 @dataclass
 class Fit:
     score: float | None  # the monitored validation metric of the best checkpoint
-    monitor: str
     run_dir: str
     best_checkpoint: str
 
@@ -46,17 +44,6 @@ def checked_config(fit_args: list[str], extra: list[str], blame: str) -> dict:
         print(blame, file=sys.stderr)
         raise
     return config
-
-
-def at_least(least: int):
-    """An argparse type: a whole number, ``least`` or more."""
-
-    def number(text: str) -> int:
-        if int(text) < least:
-            raise argparse.ArgumentTypeError(f"{text}: at least {least}")
-        return int(text)
-
-    return number
 
 
 def runs_place(config: dict) -> tuple[Path, str]:
@@ -87,4 +74,4 @@ def fit(fit_args: list[str], run_name: tuple[str, str], callbacks: tuple = ()) -
     if best is None:
         raise ValueError("the run kept no best checkpoint (trainer.enable_checkpointing false?): nothing to compare")
     score = None if best.best_model_score is None else float(best.best_model_score)
-    return Fit(score, best.monitor, str(run_directory(trainer)), best.best_model_path)
+    return Fit(score, str(run_directory(trainer)), best.best_model_path)

@@ -1,10 +1,8 @@
-"""``template lr-find``: Lightning's learning-rate range test on the configured run.
+"""``template lr-find [fit options]``: Lightning's learning-rate range test on the configured run.
 
-    template lr-find [--min_lr 1e-6] [--max_lr 1] [--num_training 100] [fit options]
-
-It saves the loss-vs-LR curve (``lr_find.png``, ``lr_find.csv``) in a run directory and prints the
-suggested LR, where the smoothed loss falls fastest. Read the curve too: the suggestion is a heuristic,
-and the peak LR of a warm-up + cosine schedule can usually sit several times above it.
+It saves the loss-vs-LR curve (``lr_find.png``, ``lr_find.csv``) in a run directory and prints the suggested
+LR, where the smoothed loss falls fastest. Read the curve too: the peak LR of a warm-up + cosine schedule can
+usually sit several times above the suggestion.
 """
 
 import argparse

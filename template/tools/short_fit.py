@@ -1,12 +1,9 @@
-"""Short fits of a copy of the configured LightningModule, for the doctor: memorise a few images,
-and measure a training step's memory and time.
-
-Each runs under a real Trainer of its own, so it exercises the module's own ``training_step`` (its
-loss, label smoothing included) and ``configure_optimizers``, with the configured precision and
-gradient clipping. The user's model is deep-copied first and never changed.
+"""Short fits of a copy of the configured LightningModule, for the doctor: memorise a few images, and
+measure a training step's memory and time. Each runs the module's own ``training_step`` (its loss, label
+smoothing included) and ``configure_optimizers`` under a Trainer of its own, with the configured device,
+precision and gradient clipping. The user's model is deep-copied first and never changed.
 """
 
-import contextlib
 import copy
 import itertools
 import logging
@@ -18,48 +15,40 @@ import torch
 
 
 def short_fit(model: L.LightningModule, trainer: L.Trainer, batch: tuple, steps: int, callback: L.Callback):
-    """Fit a copy of ``model`` on ``batch`` repeated ``steps`` times, on the configured ``trainer``'s device,
-    precision and clipping, writing nothing; returns ``callback``, which holds what it measured."""
+    """Fit a copy of ``model`` on ``batch`` repeated ``steps`` times, writing nothing; returns ``callback``."""
     device = trainer.strategy.root_device
     # Not a list of the batch: a list would be read as one loader per item.
     batches = itertools.repeat(tuple(tensor.to(device) for tensor in batch), steps)
-    with quietly():
-        quick = L.Trainer(
-            accelerator=device.type,
-            devices=[device.index] if device.type == "cuda" and device.index is not None else 1,
-            precision=trainer.precision,
-            gradient_clip_val=trainer.gradient_clip_val,
-            gradient_clip_algorithm=trainer.gradient_clip_algorithm,
-            max_steps=steps,  # also the length the module's scheduler plans for (estimated_stepping_batches)
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[callback],
-        )
-        quick.fit(copy.deepcopy(model), train_dataloaders=batches)
-    return callback
-
-
-@contextlib.contextmanager
-def quietly():
-    """Without Lightning's notes on its setup: the configured Trainer said them once already."""
-    logger = logging.getLogger("lightning.pytorch")
+    logger = logging.getLogger("lightning.pytorch")  # quiet: the configured Trainer gave its setup notes once
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
-            yield
+            quick = L.Trainer(
+                accelerator=device.type,
+                devices=[device.index] if device.type == "cuda" and device.index is not None else 1,
+                precision=trainer.precision,
+                gradient_clip_val=trainer.gradient_clip_val,
+                gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+                max_steps=steps,  # also the length the module's scheduler plans for (estimated_stepping_batches)
+                limit_val_batches=0,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                callbacks=[callback],
+            )
+            quick.fit(copy.deepcopy(model), train_dataloaders=batches)
     finally:
         logger.setLevel(level)
+    return callback
 
 
 class Memorise(L.Callback):
-    """Records the module's loss at each step, and stops once the batch is learnt: every image
-    classified right (by the logits of the training step's own forward) and the loss down to
-    half its first value or less (a loss with label smoothing has a floor above 0: no fixed target)."""
+    """Records the module's loss at each step, and stops once the batch is learnt: every image classified
+    right (by the training step's own logits) and the loss down to half its first value or less (a loss
+    with label smoothing has a floor above 0: no fixed target)."""
 
     def __init__(self, labels: torch.Tensor) -> None:
         self.labels, self.losses, self.logits, self.memorised = labels.cpu(), [], None, False
@@ -79,8 +68,8 @@ def tensor_bytes(tensors) -> int:
 
 
 class MeasureSteps(L.Callback):
-    """Memory after the first step (layer outputs, parameters, gradients, optimizer state), then
-    the time of the steps after a second, warm-up one, for ``seconds`` and at least two steps."""
+    """Memory after the first step (layer outputs, parameters, gradients, optimizer state), then the time
+    of the steps after a second, warm-up one, for ``seconds`` and at least two steps."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds, self.memory, self.timed_steps, self.elapsed = seconds, {}, 0, 0.0

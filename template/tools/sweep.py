@@ -1,11 +1,10 @@
 """``template sweep --space FILE --n_trials N [fit options]``: a hyper-parameter search on Optuna.
 
-Each trial is a ``template fit`` run (runs/<study_name>/trial_NNN) of the fit options given plus the
-space's; its objective is its best checkpoint's checkpoint.monitor, and Optuna's Lightning callback prunes
-a trial that falls behind. The study lives in a database (SQLite in the runs folder, or ``--storage URL``),
-so the same command started on many machines works on one study; a dead worker's trial is failed by its
-heartbeat, and the command goes on until ``--n_trials`` have finished over all workers. At the end:
-trials.csv and the best trial's configuration (best.yaml, for ``template fit --config``).
+Each trial is a ``template fit`` run (runs/<study_name>/trial_NNN) of the fit options plus the space's,
+scored by its best checkpoint's checkpoint.monitor and pruned by Optuna's Lightning callback if it falls
+behind. The study lives in a database (``--storage``; SQLite in the runs folder by default) that workers on
+many machines share; a dead worker's trial is failed by its heartbeat. Each worker goes on until
+``--n_trials`` have finished over all, then writes trials.csv and best.yaml (for ``template fit --config``).
 
 The search space, a YAML file whose keys are the options of ``template fit``::
 
@@ -43,14 +42,7 @@ except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
 from template.data.cache import write_atomic
 from template.runs import is_tensorboard, loggers_of
-from template.tools.fits import (  # one name a line: a renamed project's longer package name fits
-    at_least,
-    checked_config,
-    fit,
-    monitored,
-    resolved_config,
-    runs_place,
-)
+from template.tools import fits
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest_* names them
@@ -162,8 +154,7 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
             )
             break
         except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as error:
-            # Workers started together on a new database each create its tables ("table ... already
-            # exists", a duplicate schema version, for all but one): the next try finds them made.
+            # Workers started together on a new database race to create its tables: the next try finds them.
             if attempt == STORAGE_TRIES - 1:
                 raise ValueError(f"--storage {storage_url}: {str(error).splitlines()[0]}") from None
             time.sleep(0.2 + random.random())
@@ -187,8 +178,7 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
 
 
 def same_study(study: optuna.Study, space: dict, fit_args: list[str]) -> None:
-    """A study is one search: another space is refused, other fit options (another machine's
-    num_workers, say) are said. The first worker records both."""
+    """A study is one search: another space is refused, other fit options are said. The first worker records both."""
     recorded = study.user_attrs
     if "space" not in recorded:
         study.set_user_attr("space", space)
@@ -215,7 +205,6 @@ def run_study(
             raise NotThisWorkers(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
         run_name = (options.study_name, f"trial_{trial.number:03d}")
         trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))  # for the dashboard: never read back
-        # An enqueued trial's values are the database's word (any worker writes it): only those of the space run.
         try:
             trial_options = suggest(trial, space)
         except (ValueError, TypeError) as error:  # a value Optuna cannot even represent in the space
@@ -223,7 +212,7 @@ def run_study(
         checked_params(trial, space, f"trial {trial.number} of study {study.study_name}", OutsideTheSpace)
         pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
         try:
-            result = fit(fit_args + trial_options, run_name, callbacks=(pruner,))
+            result = fits.fit(fit_args + trial_options, run_name, callbacks=(pruner,))
         except NonFiniteError as error:  # diverged: as hopeless as a trial gets
             trial.set_user_attr("diverged", str(error).splitlines()[0])
             raise optuna.TrialPruned(f"trial {trial.number} diverged: {str(error).splitlines()[0]}") from None
@@ -277,7 +266,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     else:
         console.print("no trial completed within the space: no best.yaml")
         return
-    config = resolved_config([*fit_args, *as_options(params)])
+    config = fits.resolved_config([*fit_args, *as_options(params)])
     logger = loggers_of(config)[0]
     if is_tensorboard(logger):  # the refit beside the trials: runs/<study>/version_N
         logger.setdefault("init_args", {})["name"] = study.study_name
@@ -296,12 +285,8 @@ def one_process(config: dict) -> list[str]:
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if devices in ("auto", -1, "-1"):
         return ["--trainer.devices=1"]
-    if isinstance(devices, list):
-        count = len(devices)
-    elif isinstance(devices, str) and "," in devices:  # "0,1": device indices
-        count = len([index for index in devices.split(",") if index.strip()])
-    else:
-        count = int(devices)
+    text = str(devices).strip(",")  # "0,1": device indices; "0,": device 0
+    count = len(devices) if isinstance(devices, list) else len(text.split(",")) if "," in text else int(text)
     if count > 1 or nodes > 1:
         raise ValueError(
             f"a sweep trial runs on one device (trainer.devices={devices}, num_nodes={nodes} asks for more): start a "
@@ -317,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A hyper-parameter search on Optuna; every other option is a fit option (--config ...).",
     )
     parser.add_argument("--space", required=True, help="YAML: fit option -> {type: float|int|categorical, ...}")
-    parser.add_argument("--n_trials", type=at_least(1), required=True, help="trials to finish, over all workers")
+    parser.add_argument("--n_trials", type=int, required=True, help="trials to finish, over all workers")
     parser.add_argument("--study_name", help="default: the --space file's name")
     parser.add_argument("--storage", help="an Optuna database URL; default: sqlite:///<runs folder>/optuna.db")
     parser.add_argument("--n_startup_trials", type=int, default=5, help="trials never pruned (MedianPruner)")
@@ -330,16 +315,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
+    if options.n_trials < 1:
+        parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
     if not STUDY_NAME.fullmatch(options.study_name):
         parser.error(f"--study_name {options.study_name!r}: a plain name (letters, digits, _ . -), not a path")
     # The space's keys are fit options: a typo is found now, not as a failed first trial.
     blame = f"{parser.prog}: error: --space {options.space}: an entry is not a fit option (above)"
-    config = checked_config(fit_args, example_options(space), blame)
+    config = fits.checked_config(fit_args, example_options(space), blame)
     fit_args = [*fit_args, *one_process(config)]
-    runs_dir, _ = runs_place(config)
-    monitor, mode = monitored(config)
+    runs_dir, _ = fits.runs_place(config)
+    monitor, mode = fits.monitored(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what each trial did
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # fail_stale_trials, heartbeats
     storage_url = options.storage or f"sqlite:///{runs_dir / 'optuna.db'}"

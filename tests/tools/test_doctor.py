@@ -118,7 +118,7 @@ def test_the_default_config_passes_every_check(capsys):
     assert "every check passed" in out and "fail" not in out
     for name in ("labels", "train/test overlap", "raw logits", "gradients", "overfit one batch", "throughput"):
         assert name in out
-    assert "stages.0" in out and "(1, 10)" in out  # the stage table: shapes down to the logits
+    assert "net.stages.0" in out and "[1, 10]" in out  # the summary: shapes down to the logits
 
 
 @pytest.mark.parametrize(
