@@ -87,7 +87,7 @@ def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
     the ``recipe`` set."""
     pattern = re.compile(rf"^--model(\.init_args)?\.{name}(\.init_args)?\.(\w+)")
     given = {match.group(3) for token in args if (match := pattern.match(token))}
-    pairs = [(token.split("=", 1)[0], token.split("=", 1)[1]) for token in args if "=" in token]
+    pairs = [tuple(token.split("=", 1)) for token in args if "=" in token]
     for flag, value in [*zip(args, args[1:]), *pairs]:
         if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag) and value.lstrip().startswith("{"):
             given |= set((yaml.safe_load(value) or {}).get("init_args") or {})
@@ -151,12 +151,9 @@ def with_default_config(argv: list[str], run: bool) -> list[str]:
     """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (at the start, for cli(run=False))."""
     if not DEFAULT_CONFIG.is_file():
         raise FileNotFoundError(
-            f"{DEFAULT_CONFIG} is missing: the CLI reads the recipe's defaults from configs/ beside the "
-            "package; run from a clone of the project, installed with pip install -e ."
+            f"{DEFAULT_CONFIG} is missing: the recipe's defaults; run from a clone installed with pip install -e ."
         )
-    if not run:
-        return ["--config", str(DEFAULT_CONFIG), *argv]
-    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None)
+    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None) if run else 0
     return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
 
 
@@ -189,10 +186,8 @@ def settle_trainer(trainer: Namespace) -> None:
     if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):
         rank_zero_warn("sync_batchnorm needs CUDA devices; this run keeps BatchNorm statistics per process")
         trainer.sync_batchnorm = False
-    if trainer.deterministic:
-        trainer.benchmark = False
-    elif trainer.benchmark is None:
-        trainer.benchmark = True
+    if trainer.deterministic or trainer.benchmark is None:
+        trainer.benchmark = not trainer.deterministic
 
 
 def print_config(parser, config: Namespace, subcommand: str | None) -> None:

@@ -135,13 +135,12 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
 
 def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested configuration by the names of its command-line options (list items by index)."""
-    if isinstance(value, dict) and value:
-        items = value.items()
-    elif isinstance(value, list | tuple) and any(isinstance(item, dict) for item in value):
-        items = enumerate(value)
-    else:
+    if isinstance(value, list | tuple) and any(isinstance(item, dict) for item in value):
+        value = dict(enumerate(value))
+    if not isinstance(value, dict) or not value:
         return {prefix: value}
-    return {key: item for name, each in items for key, item in flattened(each, f"{prefix}.{name}".lstrip(".")).items()}
+    named = {f"{prefix}.{name}".lstrip("."): each for name, each in value.items()}
+    return {key: item for name, each in named.items() for key, item in flattened(each, name).items()}
 
 
 def where_to_look(tracker: Logger, settings: Namespace) -> str:
