@@ -111,9 +111,8 @@ class ClassificationCLI(LightningCLI):
         place_run(config, self.run_name, resumed, self.restored.path if self.restored else None)
 
     def instantiate_classes(self) -> None:
-        """As LightningCLI does, with the DataModule built first: the network then gets the data's class count and
-        channels where its signature takes them (a link would write them into one that does not, a torchvision
-        builder), starts from pretrained weights, and is checked against the data (``template.nets.shape``)."""
+        """As LightningCLI does, the DataModule first: the network gets its class count and channels where its
+        signature takes them (a link would fail on a torchvision builder), pretrained weights, and a shape check."""
         config = self.config.get(str(self.subcommand), self.config)
         data_config, net = config.data, config.model.init_args.net
         init_args, data_args = net.get("init_args") or Namespace(), data_config.get("init_args") or Namespace()

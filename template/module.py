@@ -141,8 +141,7 @@ class ClassificationModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         # Before clipping: spikes and collapses show a learning rate too high or low. Only at logged steps (a sync).
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            norms = grad_norm(self.net, norm_type=2)
-            if norms:
+            if norms := grad_norm(self.net, norm_type=2):  # none without gradients
                 self.log("train/grad_norm", norms["grad_2.0_norm_total"])
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:

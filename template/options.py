@@ -83,8 +83,7 @@ def without_data_options(argv: list[str]) -> list[str]:
 
 
 def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
-    """The arguments of ``model.<name>`` (the optimizer's ``lr``, say) that options and --config files other than
-    the ``recipe`` set."""
+    """The arguments of ``model.<name>`` that options and --config files other than the ``recipe`` set."""
     pattern = re.compile(rf"^--model(\.init_args)?\.{name}(\.init_args)?\.(\w+)")
     given = {match.group(3) for token in args if (match := pattern.match(token))}
     pairs = [tuple(token.split("=", 1)) for token in args if "=" in token]
@@ -164,8 +163,7 @@ def recipe_run_name() -> str | None:
 
 
 def trained_run_name(ckpt_path: Path) -> str | None:
-    """The name of the run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), else its file name:
-    what evaluating it is named after."""
+    """The run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), else its file name."""
     path = ckpt_path.resolve()
     name = path.parents[2].name if path.parent.name == "checkpoints" and len(path.parents) > 2 else path.stem
     return name if re.fullmatch(r"[A-Za-z0-9][\w.-]{0,99}", name) else None
@@ -179,8 +177,7 @@ def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
 
 
 def settle_trainer(trainer: Namespace) -> None:
-    """The Trainer's settings as meant: no progress bar callback when it is off, SyncBatchNorm only on CUDA (PyTorch's
-    runs on nothing else), cuDNN autotuning unless ``deterministic``."""
+    """No progress bar callback when it is off, SyncBatchNorm only on CUDA, cuDNN autotuning unless deterministic."""
     if trainer.callbacks and trainer.enable_progress_bar is False:
         trainer.callbacks = [c for c in trainer.callbacks if "ProgressBar" not in c.class_path]
     if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):

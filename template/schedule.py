@@ -93,10 +93,8 @@ class WarmupLinear(WarmupCosine):
 def build_optimizer(
     make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int], buffers: Iterable = ()
 ) -> Optimizer:
-    """The optimizer ``make`` builds for parameter ``groups``, given the run's ``total_steps`` where it takes them
-    (Lookahead), as ``build_scheduler`` does. A group's ``lr_scale`` and ``weight_decay_scale`` (from
-    ``parameter_groups``) multiply its learning rate and weight decay. One that averages weights (Lookahead) gets the
-    network's ``buffers`` too: BatchNorm's statistics must be those of the weights the run ends on."""
+    """The optimizer ``make`` builds for ``groups`` (``total_steps`` as ``build_scheduler`` gives them), their
+    ``lr_scale`` and ``weight_decay_scale`` applied; one that averages weights (Lookahead) averages ``buffers`` too."""
     optimizer = build_scheduler(make, config, groups, total_steps)
     if callable(getattr(optimizer, "follow_buffers", None)):
         optimizer.follow_buffers(buffers)
@@ -108,10 +106,8 @@ def build_optimizer(
 
 
 def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
-    """The scheduler ``make`` builds for ``optimizer``. One whose class takes ``total_steps`` (WarmupCosine,
-    OneCycleLR) gets the run's optimizer steps, which only the Trainer knows, unless its ``config`` (the recorded
-    ``{"class_path", "init_args"}``, or None for a ``functools.partial``) sets them; others (StepLR,
-    ReduceLROnPlateau...) get their own arguments alone. ``total_steps`` may be a function, asked only then."""
+    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then) where its class
+    takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not set them."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
@@ -126,19 +122,15 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
 
 
 def interval_of(scheduler: Any) -> str:
-    """The unit a scheduler's own arguments count: ``step`` for one planned over optimizer steps (``total_steps``;
-    CyclicLR's step sizes), ``epoch`` for torch's others (StepLR's step_size, ReduceLROnPlateau's patience...)."""
+    """The unit a scheduler's arguments count: ``step`` (``total_steps``, CyclicLR's) or ``epoch`` (StepLR's...)."""
     return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"
 
 
 def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:
-    """The network's trainable parameters in groups: weight decay on weights, none on norm weights and biases
-    (fewer than 2 dimensions: there is no scale to limit, Goyal et al., 2017).
-
-    A parameter named in its module's ``lr_scales`` ({name: scale}, as ``template.nets.layers.FrozenWeightBatchNorm``
-    sets for its bias) goes into a group per scale: that many times the learning rate, the same decay per step.
-    With ``layer_decay`` (fine-tuning), timm's groups per depth instead: ``lr_scale`` is ``layer_decay`` to the
-    power of the distance from the head. Frozen parameters are in them too: unfreezing needs no new group.
+    """The trainable parameters in groups: no weight decay on norm weights and biases (fewer than 2 dimensions: no
+    scale to limit, Goyal et al., 2017); a group per scale of those a module's ``lr_scales`` names ({name: scale}),
+    at that many times the learning rate and the same decay per step. With ``layer_decay`` (fine-tuning), timm's
+    groups per depth, frozen parameters included (unfreezing needs no new group), ``lr_scale`` = layer_decay ** depth.
     """
     if layer_decay is not None:
         return layer_groups(net, layer_decay)

@@ -23,8 +23,7 @@ def print_evaluated(cli, split: str) -> None:
 
 
 def print_summary(cli, run_dir: Path) -> None:
-    """The run directory, checkpoints, the command that tests the best, the first and last epoch's learning rate
-    (a schedule that collapsed shows), and where the curves and trackers are."""
+    """Where the run, its checkpoints, curves and trackers are, and the learning rate's first and last values."""
     # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
     checkpoints = cli.trainer.checkpoint_callbacks
     best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)

@@ -47,10 +47,8 @@ def configured_class(tracker: Any) -> tuple[type, Namespace] | tuple[None, None]
 
 
 def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
-    """The trackers, each told where it writes, so that config.yaml records it and a resume finds its run: MLflow
-    to ``MLFLOW_TRACKING_URI``, else to SQLite beside the run directories (MLflow refuses its plain-file store),
-    W&B there too, each named after the runs' ``name``. The same tracker twice (a resume given its --config again)
-    is one: the first, with the run's id."""
+    """The trackers told where they write (config.yaml records it): MLflow to ``MLFLOW_TRACKING_URI``, else to SQLite
+    beside the runs (MLflow refuses its plain-file store), W&B there too. A tracker given twice is one, the first."""
     runs, environment = Path(runs_dir).resolve(), os.environ.get("MLFLOW_TRACKING_URI")
     for tracker in trackers:
         cls, init_args = configured_class(tracker)
@@ -96,8 +94,7 @@ def class_key(cls: type) -> str:
 
 
 def record_trackers(trackers: list[Logger], configured: list, config: dict, run_dir: Path) -> None:
-    """Start each tracker's run (a new one gets the configuration as its parameters) and record its id in
-    ``trackers.json``. ``configured``: each tracker's section of the configuration."""
+    """Start each tracker's run (a new one gets ``config``) and record its id; ``configured``: their sections."""
     record = {}
     for tracker, settings in zip(trackers, configured):
         parameters = inspect.signature(type(tracker)).parameters
