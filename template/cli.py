@@ -92,7 +92,6 @@ class ClassificationCLI(LightningCLI):
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
-        # A recipe class switched for another (the optimizer, say) starts from its own defaults.
         options.switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
@@ -152,8 +151,7 @@ class ClassificationCLI(LightningCLI):
             # In the training thread, not Lightning's AsyncCheckpointIO: ModelCheckpoint deletes the previous best
             # once it has saved the new, and a write still in flight would leave no best checkpoint to a crash.
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        if self.subcommand != "predict":
-            # It writes predictions and nothing else; elsewhere it would only add calls to every step.
+        if self.subcommand != "predict":  # elsewhere it would only add calls to every step
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
         return trainer
 

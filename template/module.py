@@ -135,8 +135,7 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # Once an epoch, not every step; Lightning computes it, synced across DDP ranks, and resets it.
-        self.log("train/acc", self.train_acc)
+        self.log("train/acc", self.train_acc)  # Lightning computes it, synced across DDP ranks, and resets it
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         # Before clipping: spikes and collapses show a learning rate too high or low. Only at logged steps (a sync).
