@@ -11,6 +11,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from template import options
 from template.callbacks import (
     NonFiniteGuard,
     PredictionWriter,
@@ -33,29 +34,17 @@ from template.options import (  # one name a line: a renamed project's longer pa
     DEFAULT_CONFIG,
     EXTRA_COMMANDS,
     TRACEBACK_VARIABLE,
-    ConciseArgumentParser,
-    names_checkpoint,
-    print_config,
-    settle_trainer,
-    switched_to_own_defaults,
     wants_traceback,
-    with_default_config,
-    with_record,
-    without_data_options,
 )
 from template.plugins import SyncBatchNorm
-from template.restore import (
-    Restored,
-    fit_data,
-    for_command,
-)
+from template.restore import Restored, fit_data, for_command
 from template.runs import place_run
 from template.summary import print_evaluated, print_summary
 
 __all__ = ["EXTRA_COMMANDS", "TRACEBACK_VARIABLE", "wants_traceback"]
 PROGRAM = __package__  # the command's name is the package's: `template fit`, `python -m template`
 
-# Callbacks every run has, each configured by a section of its own: --checkpoint.monitor...
+# Callbacks every run has, each with a section of its own (--checkpoint.monitor...), set in DEFAULT_CONFIG.
 CALLBACKS = {
     "checkpoint": ModelCheckpoint,  # the best by validation
     "last_checkpoint": ModelCheckpoint,
@@ -73,7 +62,6 @@ class ClassificationCLI(LightningCLI):
     run_name: tuple[str, str] | None = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # The best checkpoint, last.ckpt and the other callbacks; their settings are in DEFAULT_CONFIG.
         for section, callback in CALLBACKS.items():
             parser.add_lightning_class_args(callback, section)
         # The data's classes, channels and size, told to the model (to the network: instantiate_classes).
@@ -82,16 +70,15 @@ class ClassificationCLI(LightningCLI):
         parser.add_argument("--weights_file", type=str | None, help="a state_dict the network starts from (README)")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parse as LightningCLI does. With ``--ckpt_path``, the checkpoint read as data (``template.restore``:
-        registry names and literal values, never a path or a setting of the Trainer, logger or callbacks)
-        is the first --config after the recipe's defaults, which every --config file and option given
-        overrides. Lightning's own reading of a checkpoint's hyper-parameters never sees it."""
+        """Parse as LightningCLI does. With ``--ckpt_path``, the checkpoint read as data by ``template.restore`` (not
+        by Lightning) is the first --config after the recipe's defaults: every --config and option given overrides
+        it."""
         self.restored: Restored | None = None
         printing = [token for token in args if token.split("=")[0] == "--print_config"]  # at the end: what runs
         args = [token for token in args if token not in printing]
-        ckpt_given = names_checkpoint(args)
+        ckpt_given = options.names_checkpoint(args)
         # --data options may be for the checkpoint's DataModule, not yet known: left out until it is.
-        super().parse_arguments(parser, without_data_options(args) if ckpt_given else args)
+        super().parse_arguments(parser, options.without_data_options(args) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path:
@@ -100,33 +87,31 @@ class ClassificationCLI(LightningCLI):
             except (CheckpointError, FileNotFoundError) as error:
                 parser.error(str(error))
             # JSON (YAML whose strings are always quoted): a class named "1e3" stays a string.
-            args = with_record(args, subcommand, json.dumps(self.restored.config))
+            args = options.with_record(args, subcommand, json.dumps(self.restored.config))
             super().parse_arguments(parser, args)
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
-        # A recipe class switched for another (the optimizer, say) starts from its own defaults.
-        switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
+        options.switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True
         if printing:  # with the checkpoint: what it prints is what a `--config` of it would run
             if self.restored is not None:
                 self.config[subcommand].ckpt_path = str(self.restored.path)
-            print_config(parser, self.config, subcommand)
+            options.print_config(parser, self.config, subcommand)
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
         if self.subcommand != "fit":  # evaluating restores the ModelCheckpoint state: a new directory is expected
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
-        settle_trainer(config.trainer)
+        options.settle_trainer(config.trainer)
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         place_run(config, self.run_name, resumed, self.restored.path if self.restored else None)
 
     def instantiate_classes(self) -> None:
-        """As LightningCLI does, with the DataModule built first: the network then gets the data's class count and
-        channels where its signature takes them (a link would write them into one that does not, a torchvision
-        builder), starts from pretrained weights, and is checked against the data (``template.nets.shape``)."""
+        """As LightningCLI does, the DataModule first: the network gets its class count and channels where its
+        signature takes them (a link would fail on a torchvision builder), pretrained weights, and a shape check."""
         config = self.config.get(str(self.subcommand), self.config)
         data_config, net = config.data, config.model.init_args.net
         init_args, data_args = net.get("init_args") or Namespace(), data_config.get("init_args") or Namespace()
@@ -152,9 +137,8 @@ class ClassificationCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         """The checkpoint for the Trainer to restore, and the data held to what it was trained on."""
         if self.restored is not None:  # the Trainer restores it through AtomicCheckpointIO; config.yaml records it
-            self.config_init[self.subcommand]["ckpt_path"] = self.config[self.subcommand].ckpt_path = str(
-                self.restored.path
-            )
+            ckpt_path = self.config[self.subcommand].ckpt_path = str(self.restored.path)
+            self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
             fit_data(self.restored, self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
@@ -167,8 +151,7 @@ class ClassificationCLI(LightningCLI):
             # In the training thread, not Lightning's AsyncCheckpointIO: ModelCheckpoint deletes the previous best
             # once it has saved the new, and a write still in flight would leave no best checkpoint to a crash.
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        if self.subcommand != "predict":
-            # It writes predictions and nothing else; elsewhere it would only add calls to every step.
+        if self.subcommand != "predict":  # elsewhere it would only add calls to every step
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
         return trainer
 
@@ -192,10 +175,9 @@ def cli(
     callbacks: tuple = (),
     run_name: tuple[str, str] | None = None,
 ) -> ClassificationCLI:
-    """Build (and by default run) the CLI; ``args`` as on the command line, without the program name. ``run=False``
-    parses the options of ``fit`` and builds model, DataModule and Trainer, for commands such as ``doctor``
-    (``command``). ``callbacks``: added to the run's (a pruner), not recorded; ``run_name``: see the class's."""
-    argv = with_default_config(list(sys.argv[1:] if args is None else args), run)
+    """Build (and by default run) the CLI on ``args``, the command line less the program name. ``run=False`` builds
+    what ``fit`` would, for ``command`` (``doctor``...); ``callbacks`` are added, not recorded (a pruner)."""
+    argv = options.with_default_config(list(sys.argv[1:] if args is None else args), run)
     commands = ",".join(EXTRA_COMMANDS)
     description = f"Train and evaluate image classifiers. Also: {PROGRAM} {{{commands}}} --help"
     with warnings.catch_warnings():
@@ -206,10 +188,9 @@ def cli(
             ClassificationModule,
             ImageDataModule,
             subclass_mode_data=True,
-            parser_class=ConciseArgumentParser,
+            parser_class=options.ConciseArgumentParser,
             subclass_mode_model=True,
-            # Always on, whatever `trainer.callbacks` says: the random state for exact resume and
-            # the checkpoint on pre-emption. Fresh for every run.
+            # Always on, whatever `trainer.callbacks` says: exact resume and the checkpoint on pre-emption.
             trainer_defaults={"callbacks": [ResumeState(), *callbacks]},
             auto_configure_optimizers=False,  # the optimizer is model.optimizer, built from parameter groups
             parser_kwargs={"prog": f"{PROGRAM} {command}" if command else PROGRAM, "description": description},

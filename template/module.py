@@ -37,19 +37,17 @@ class ClassificationModule(L.LightningModule):
 
     Args:
         net: the network; swapped from YAML with ``model.net.class_path``.
-        num_classes, class_names, input_shape: K, a name per class (kept in the checkpoint for ``predict``)
-            and (C, H, W) of one input; linked from the DataModule by the CLI.
-        optimizer: builds the optimizer from the parameter groups (one that takes ``total_steps`` gets the run's).
-        lr_scheduler: builds the scheduler from the optimizer, any torch scheduler (one that takes ``total_steps``
-            gets the run's optimizer steps, ``template.schedule.build_scheduler``); ``None``: a constant LR.
-        scheduler_interval: ``step`` or ``epoch``; by default the interval its own arguments count
-            (``template.schedule.interval_of``: per step for warmup-cosine, per epoch for StepLR...).
+        num_classes, class_names, input_shape: K, a name per class (kept for ``predict``) and (C, H, W) of one
+            input; linked from the DataModule by the CLI.
+        optimizer, lr_scheduler: any torch optimizer and scheduler (``None``: a constant LR); one that takes
+            ``total_steps`` gets the run's optimizer steps (``template.schedule.build_scheduler``).
+        scheduler_interval: ``step`` or ``epoch``; by default the unit its own arguments count (``interval_of``).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
         label_smoothing: mass moved from the true class to all classes in the loss.
         channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
-        flip_tta: evaluate (val, test, predict) on the mean logits of each image and its mirror image.
-        tta_translate: pixels of shift of the crops evaluated beside each image (``template.evaluation``); 0: none.
+        flip_tta, tta_translate: evaluate on the mean logits of each image, its mirror and crops shifted by
+            that many pixels (``template.evaluation``).
         layer_decay: layer-wise learning-rate decay for fine-tuning (``template.schedule.parameter_groups``).
     """
 
@@ -73,8 +71,7 @@ class ClassificationModule(L.LightningModule):
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class_names given for num_classes={num_classes}")
-        # The parsed config (registry names, plain values) that template.restore reads back; objects passed from
-        # Python are dropped (they would need pickle to load).
+        # Registry names and plain values, for template.restore; objects passed from Python would need pickle.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Attribute '.*' is an instance of `nn.Module`")
             self.save_hyperparameters()
@@ -102,9 +99,8 @@ class ClassificationModule(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=True, **kwargs):
-        """The module of a checkpoint, rebuilt by ``template.restore`` (registry names and literal values, tensors
-        checked against their digest), not by Lightning's loader, which would parse whatever its file names.
-        Arguments given override the checkpoint's (``net=`` a network, say)."""
+        """The module of a checkpoint read as data by ``template.restore``, not by Lightning's loader, which would
+        parse whatever its file names. Arguments given override the checkpoint's (``net=`` a network, say)."""
         if hparams_file is not None:
             raise TypeError("hparams_file is not read: a checkpoint's own record says what it is (template.restore)")
         return load_module(cls, checkpoint_path, map_location, strict, **kwargs)
@@ -139,22 +135,17 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        # Once an epoch, not every step; Lightning computes it, synced across DDP ranks, and resets it.
-        self.log("train/acc", self.train_acc)
+        self.log("train/acc", self.train_acc)  # Lightning computes it, synced across DDP ranks, and resets it
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         # Before clipping: spikes and collapses show a learning rate too high or low. Only at logged steps (a sync).
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            norms = grad_norm(self.net, norm_type=2)
-            if norms:
+            if norms := grad_norm(self.net, norm_type=2):  # none without gradients
                 self.log("train/grad_norm", norms["grad_2.0_norm_total"])
-
-    def _evaluate_logits(self, images: torch.Tensor) -> torch.Tensor:
-        return multi_crop_logits(self, images, self.flip_tta, self.tta_translate)  # the mirror's and shifts' votes
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], split: str) -> torch.Tensor:
         images, labels = batch
-        logits = self._evaluate_logits(images)
+        logits = multi_crop_logits(self, images, self.flip_tta, self.tta_translate)  # the mirror's and shifts' votes
         getattr(self, f"{split}_acc").update(logits, labels)
         # The batch's mean loss once per image: a last, smaller batch weighs less (MeanMetric's weight= drops NaN).
         getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
@@ -182,7 +173,7 @@ class ClassificationModule(L.LightningModule):
         self._log_evaluation("test")
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self._evaluate_logits(batch[0]).softmax(dim=1)  # (B, K) class probabilities
+        return multi_crop_logits(self, batch[0], self.flip_tta, self.tta_translate).softmax(dim=1)  # (B, K)
 
     def configure_optimizers(self) -> dict:
         steps = lambda: int(self.trainer.estimated_stepping_batches)  # noqa: E731  (asked only by what plans the run)

@@ -1,16 +1,6 @@
-"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML.
-
-    optimizer:
-      class_path: template.optim.Lookahead
-      init_args:
-        optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1, momentum: 0.9}}
-        k: 5
-        alpha: 0.5
-
-The inner optimizer takes the fast steps; every ``k`` of them the slow weights move ``alpha`` of the
-way to the fast ones, and the fast weights restart from there. It damps the noise of large learning
-rates at almost no cost (a copy of the weights, an update every k steps).
-"""
+"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML:
+``class_path: template.optim.Lookahead`` with ``init_args: {optimizer: {class_path: torch.optim.SGD, ...}, k: 5}``.
+It damps the noise of large learning rates for a copy of the weights and an update every k steps."""
 
 from collections.abc import Callable, Iterable
 
@@ -19,22 +9,20 @@ from torch.optim import Optimizer
 
 
 class Lookahead(Optimizer):
-    """The inner ``optimizer`` built from ``params``, with slow weights that follow it every ``k`` steps.
-
-    Its ``param_groups`` are the inner optimizer's own, so learning-rate schedules, parameter groups and
-    their logging work as without it; its state (the slow weights) is saved beside the inner one's.
+    """The inner ``optimizer`` takes the fast steps; every ``k`` of them the slow weights move ``alpha`` of the way
+    to the fast ones, and the fast weights restart from there. Its ``param_groups`` are the inner optimizer's own, so
+    schedules and parameter groups work as without it; its state (the slow weights) is saved beside the inner one's.
 
     Args:
         params: the parameters or parameter groups, passed to the inner optimizer.
         optimizer: builds the inner optimizer from ``params`` (``class_path`` and ``init_args`` in YAML).
         k: fast steps between two updates of the slow weights.
         alpha: the share of the way the slow weights move to the fast ones at an update.
-        alpha_power: ``None``: ``alpha`` at every update (Zhang et al.). A power p: the share ramps from
-            1 (the inner optimizer alone) at the start to ``alpha`` at the end of ``total_steps``, as
-            ``1 - (1 - alpha) * progress ** p``: little averaging while the learning rate is large, more as
-            it decays (airbench's schedule: alpha = 1 - 0.95 ** 5, p = 3).
-        total_steps: optimizer steps in the whole run, for ``alpha_power``; by default the run's (the module
-            passes them, as to a schedule). At the last step the fast weights take the slow ones.
+        alpha_power: ``None``: ``alpha`` at every update (Zhang et al.). A power p: the share ramps from 1 at the
+            start to ``alpha`` at the end of ``total_steps``, as ``1 - (1 - alpha) * progress ** p``: little
+            averaging while the learning rate is large (airbench's: alpha = 1 - 0.95 ** 5, p = 3).
+        total_steps: optimizer steps in the whole run, by default the run's; at the last the fast weights take the
+            slow ones.
     """
 
     def __init__(
@@ -64,9 +52,8 @@ class Lookahead(Optimizer):
         self.slow_buffers: list[torch.Tensor] = []
 
     def follow_buffers(self, buffers: Iterable[torch.Tensor]) -> None:
-        """Average these floating-point buffers (BatchNorm's running statistics) with the weights: the slow weights
-        the run ends on then come with the statistics of the slow weights, not of the last fast steps
-        (``template.schedule.build_optimizer`` passes the network's)."""
+        """Average these floating-point buffers (BatchNorm's running statistics) with the weights, so that the slow
+        weights the run ends on come with their own statistics (``template.schedule.build_optimizer``)."""
         self.buffers = [buffer for buffer in buffers if buffer.is_floating_point()]
 
     def alpha_at(self, step: int) -> float:
@@ -107,20 +94,13 @@ class Lookahead(Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         steps, saved = state_dict.get("steps"), state_dict.get("slow_buffers", [])  # no buffers before a first step
         inner = [state_dict.get(key) for key in ("optimizer", "lookahead")]
-        if (
-            not all(isinstance(x, dict) for x in inner)
-            or not isinstance(steps, int)
-            or not isinstance(saved, list)
-            or not all(torch.is_tensor(b) for b in saved)
-        ):
+        shapes = [b.shape if torch.is_tensor(b) else None for b in saved] if isinstance(saved, list) else None
+        own = [b.shape for b in self.buffers]
+        if not all(isinstance(x, dict) for x in inner) or not isinstance(steps, int) or shapes not in ([], own):
             raise ValueError(
-                "Lookahead: the optimizer state is damaged: it needs the inner and own states (dicts), steps (a "
-                f"count; got {type(steps).__name__}) and slow_buffers (a list of tensors; got {type(saved).__name__})"
-            )
-        if saved and [b.shape for b in saved] != [b.shape for b in self.buffers]:
-            raise ValueError(
-                f"Lookahead: the state holds {len(saved)} averaged buffers of other shapes than this network's "
-                f"{len(self.buffers)}: it was saved from another network"
+                "Lookahead: the optimizer state is damaged or from another network: it needs the inner and own "
+                f"states (dicts), steps (a count; got {type(steps).__name__}) and slow_buffers (this network's "
+                f"{len(own)} averaged buffers; got {type(saved).__name__} {shapes})"
             )
         self.optimizer.load_state_dict(inner[0])
         super().load_state_dict(inner[1])

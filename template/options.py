@@ -27,13 +27,12 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Lines of a jsonargparse error that say where it looked, not what is wrong.
 WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
                              r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
-# The classes a recipe chooses, whose recipe values belong to it: a class switched from the command line
-# starts from its own defaults plus what the user gives (the AdamW weight decay is not SGD's).
+# The recipe's classes whose recipe values are theirs alone (the AdamW weight decay is not SGD's).
 SWITCHABLE = ("optimizer", "lr_scheduler", "net")
 
 
 def condense(message: str) -> str:
-    """``message`` of a jsonargparse error as ``key: reason`` when it nests Union and class errors."""
+    """A jsonargparse error's nested Union and class errors as ``key: reason``."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
     reasons = [line for line in message.splitlines()[1:] if line.strip() and not WHERE_IT_LOOKED.match(line.strip())]
     if not keys or not reasons:
@@ -44,7 +43,7 @@ def condense(message: str) -> str:
 
 
 def nearest_option(message: str, known: list[str]) -> str:
-    """``message`` with, for each option it says is unrecognised, the closest valid one."""
+    """``message`` with the closest valid option to each it says is unrecognised."""
     for given in re.findall(r"(--[\w.]+)", message.partition("nrecognized arguments")[2]):
         if close := difflib.get_close_matches(given, known, n=1, cutoff=0.75):
             message += f"\n{given}: no such option; did you mean {close[0]}?"
@@ -52,13 +51,13 @@ def nearest_option(message: str, known: list[str]) -> str:
 
 
 def names_checkpoint(args: list[str]) -> bool:
-    """Whether a command names a checkpoint: ``--ckpt_path``, or ``ckpt_path`` in one of its --config files."""
+    """Whether ``--ckpt_path`` or a --config file names a checkpoint."""
     given = any(token.split("=")[0] == "--ckpt_path" for token in args)
     return given or any("ckpt_path" in config for config in given_configs(args))
 
 
 def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
-    """The configurations the user's --config options give (files, or YAML text), ``skip`` left out."""
+    """The configurations (files, or YAML text) that --config options give, ``skip`` left out."""
     configs = []
     for flag, value in zip(args, args[1:]):
         if flag != "--config" or (skip is not None and value == str(skip)):
@@ -73,24 +72,21 @@ def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
 
 
 def without_data_options(argv: list[str]) -> list[str]:
-    """``argv`` less its --data options, each with its value (the next token, or after ``=``)."""
-    kept, value_next = [], False
-    for token in argv:
-        if value_next:
-            value_next = False
-        elif token.split("=")[0] == "--data" or token.startswith("--data."):
-            value_next = "=" not in token
-        else:
+    """``argv`` less its --data options and their values."""
+    kept, tokens = [], iter(argv)
+    for token in tokens:
+        if token.split("=")[0] != "--data" and not token.startswith("--data."):
             kept.append(token)
+        elif "=" not in token:
+            next(tokens, None)  # its value
     return kept
 
 
 def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
-    """The arguments of ``model.<name>`` (``lr`` of the optimizer, say) that the user's options and --config
-    files set, the recipe's defaults (``recipe``) not counted."""
+    """The arguments of ``model.<name>`` that options and --config files other than the ``recipe`` set."""
     pattern = re.compile(rf"^--model(\.init_args)?\.{name}(\.init_args)?\.(\w+)")
     given = {match.group(3) for token in args if (match := pattern.match(token))}
-    pairs = [(token.split("=", 1)[0], token.split("=", 1)[1]) for token in args if "=" in token]
+    pairs = [tuple(token.split("=", 1)) for token in args if "=" in token]
     for flag, value in [*zip(args, args[1:]), *pairs]:
         if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag) and value.lstrip().startswith("{"):
             given |= set((yaml.safe_load(value) or {}).get("init_args") or {})
@@ -104,8 +100,8 @@ def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
 
 
 def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -> None:
-    """A recipe class switched for another (``--model.optimizer torch.optim.SGD``) keeps only the arguments the
-    user gives; the recipe's values for the recipe's class fall back to the new class's own defaults."""
+    """A recipe class switched for another (``--model.optimizer torch.optim.SGD``) takes the arguments the user
+    gives and its own defaults, not the recipe's values for the class it replaces."""
     recipe_model = ((yaml.safe_load(recipe.read_text()) or {}).get("model") or {}).get("init_args") or {}
     model = config.model.init_args
     for name in SWITCHABLE:
@@ -131,12 +127,11 @@ def wants_traceback() -> bool:
 
 
 class ConciseArgumentParser(LightningArgumentParser):
-    """Lightning's parser, whose errors say the option and the innermost reason jsonargparse found, not its tree
-    of every Union member tried (TRACEBACK=1 shows it) and a usage listing of every option (``--help`` has it)."""
+    """Lightning's parser, whose errors say the option and the innermost reason, not jsonargparse's tree of every
+    Union member tried (TRACEBACK=1 shows it) nor a usage listing of every option (``--help`` has it)."""
 
     def add_function_arguments(self, function, *args, linked_targets=None, **kwargs):
-        # jsonargparse 4.53 passes linked_targets here too, when an option overrides an argument of a network
-        # built by a function (torchvision.models.resnet18, template.nets.timm_net) that a config names.
+        # jsonargparse passes linked_targets, which it does not take, for a network built by a function.
         return super().add_function_arguments(function, *args, **kwargs)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -152,58 +147,48 @@ class ConciseArgumentParser(LightningArgumentParser):
 
 
 def with_default_config(argv: list[str], run: bool) -> list[str]:
-    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (or at the start, for
-    cli(run=False)), so that every --config file and option given overrides it."""
+    """``argv`` with ``--config DEFAULT_CONFIG`` first after the subcommand (at the start, for cli(run=False))."""
     if not DEFAULT_CONFIG.is_file():
         raise FileNotFoundError(
-            f"{DEFAULT_CONFIG} is missing: the CLI reads the recipe's defaults from configs/ beside the "
-            "package; run from a clone of the project, installed with pip install -e ."
+            f"{DEFAULT_CONFIG} is missing: the recipe's defaults; run from a clone installed with pip install -e ."
         )
-    if not run:
-        return ["--config", str(DEFAULT_CONFIG), *argv]
-    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None)
+    at = next((index + 1 for index, token in enumerate(argv) if token in SUBCOMMANDS), None) if run else 0
     return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
 
 
 def recipe_run_name() -> str | None:
-    """The run name the recipe's defaults give (runs/<name>/version_N), which a user's config may change."""
+    """The run name (runs/<name>/version_N) the recipe's defaults give."""
     logger = (yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}).get("logger") or {}
     return (logger.get("init_args") or {}).get("name")
 
 
 def trained_run_name(ckpt_path: Path) -> str | None:
-    """The name of the run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), or a loose
-    checkpoint's file name: what evaluating it is named after, under the user's runs directory."""
+    """The run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), else its file name."""
     path = ckpt_path.resolve()
     name = path.parents[2].name if path.parent.name == "checkpoints" and len(path.parents) > 2 else path.stem
     return name if re.fullmatch(r"[A-Za-z0-9][\w.-]{0,99}", name) else None
 
 
 def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
-    """``args`` with a checkpoint's record (YAML) as the first --config after the recipe's defaults: every
-    --config file and option given overrides it."""
+    """``args`` with a checkpoint's record (YAML) as the first --config after the recipe's defaults."""
     at = args.index(subcommand) + 1
     at += 2 if args[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0
     return [*args[:at], "--config", record, *args[at:]]
 
 
 def settle_trainer(trainer: Namespace) -> None:
-    """The Trainer's settings as the user meant them: a progress bar turned off goes from the callbacks too,
-    SyncBatchNorm only where CUDA is (PyTorch's runs on nothing else), and cuDNN autotuning on for speed
-    unless ``deterministic`` asks for bit-identical reruns."""
+    """No progress bar callback when it is off, SyncBatchNorm only on CUDA, cuDNN autotuning unless deterministic."""
     if trainer.callbacks and trainer.enable_progress_bar is False:
         trainer.callbacks = [c for c in trainer.callbacks if "ProgressBar" not in c.class_path]
     if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):
         rank_zero_warn("sync_batchnorm needs CUDA devices; this run keeps BatchNorm statistics per process")
         trainer.sync_batchnorm = False
-    if trainer.deterministic:
-        trainer.benchmark = False
-    elif trainer.benchmark is None:
-        trainer.benchmark = True
+    if trainer.deterministic or trainer.benchmark is None:
+        trainer.benchmark = not trainer.deterministic
 
 
 def print_config(parser, config: Namespace, subcommand: str | None) -> None:
-    """``--print_config``: the configuration a command runs with (a checkpoint's record and our changes made)."""
+    """``--print_config``: the configuration a command runs with, a checkpoint's record and our changes made."""
     dumped = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
     print(yaml.safe_dump(dumped.get(subcommand, dumped), sort_keys=False), end="")
     raise SystemExit(0)

@@ -1,6 +1,5 @@
-"""The recipe's optimisation beside the module: linear warmup then cosine (with warm restarts) or linear decay,
-the interval a scheduler steps at, the parameter groups (no weight decay on norms and biases; a learning-rate
-scale a network asks for) and the optimizer built from them."""
+"""The recipe's optimisation: warmup-cosine and warmup-linear schedules, the interval a scheduler steps at,
+the parameter groups and the optimizer built from them."""
 
 import inspect
 import math
@@ -17,15 +16,14 @@ from torch.optim.lr_scheduler import CyclicLR, LRScheduler
 class WarmupCosine(LRScheduler):
     """Linear warmup, then cosine decay, stepped once per optimizer step.
 
-    Warmup avoids the large, badly aimed updates of the first steps, when BatchNorm
-    statistics and Adam's moment estimates are still poor. With ``cycles > 1`` the
-    cosine restarts from the peak that many times (SGDR, Loshchilov & Hutter, 2017).
+    Warmup avoids the large, badly aimed updates of the first steps, while BatchNorm statistics and Adam's
+    moments are still poor. With ``cycles > 1`` the cosine restarts from the peak (SGDR, Loshchilov & Hutter).
 
     Args:
         optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
         total_steps: optimizer steps in the whole run; by default the run's (see ``build_scheduler``).
         warmup_fraction: share of ``total_steps`` spent warming up linearly.
-        min_lr_ratio: floor of the cosine, as a fraction of the peak.
+        min_lr_ratio: floor of the decay, as a fraction of the peak.
         cycles: number of cosine cycles after warmup (1: no restarts).
         warmup_start: the warmup's first factor of the peak (0: from its first step's share).
     """
@@ -48,32 +46,29 @@ class WarmupCosine(LRScheduler):
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         if cycles < 1 or not 0.0 <= warmup_start <= 1.0:
             raise ValueError(f"cycles must be at least 1 and warmup_start in [0, 1], got {cycles}, {warmup_start}")
-        self.total_steps = total_steps
-        self.warmup_steps = round(warmup_fraction * total_steps)
-        self.min_lr_ratio = min_lr_ratio
-        self.cycles, self.warmup_start = cycles, warmup_start
+        self.total_steps, self.warmup_steps = total_steps, round(warmup_fraction * total_steps)
+        self.min_lr_ratio, self.cycles, self.warmup_start = min_lr_ratio, cycles, warmup_start
         super().__init__(optimizer, last_epoch)
 
     def lr_factor(self, step: int) -> float:
         """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
         if step < self.warmup_steps:  # never 0: the first step is not wasted
             return self.warmup_start + (1 - self.warmup_start) * (step + 1) / self.warmup_steps
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * self.decay(progress)
+
+    def decay(self, progress: float) -> float:
         cycle_progress = 1.0 if progress == 1.0 else (progress * self.cycles) % 1.0
-        cosine = 0.5 * (1.0 + math.cos(math.pi * cycle_progress))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+        return 0.5 * (1.0 + math.cos(math.pi * cycle_progress))
 
     def get_lr(self) -> list[float]:
         for group in self.optimizer.param_groups[len(self.base_lrs) :]:  # added later: an unfrozen backbone
             self.base_lrs.append(group.setdefault("initial_lr", group["lr"]))
-        factor = self.lr_factor(self.last_epoch)
-        return [base_lr * factor for base_lr in self.base_lrs]
+        return [base_lr * self.lr_factor(self.last_epoch) for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the position in the schedule, but keep the plan made for this run: a run resumed
-        with a larger max_epochs or max_steps follows the schedule over its new total from the step
-        it stands at, instead of the old total's (which has already decayed to its floor)."""
+        """Restore the position in the schedule, but keep this run's plan: a run resumed with a larger
+        max_epochs or max_steps follows the new total from the step it stands at."""
         planned = {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
         super().load_state_dict(state_dict)
         if state_dict.get("total_steps") == planned["total_steps"]:
@@ -89,24 +84,17 @@ class WarmupCosine(LRScheduler):
 
 
 class WarmupLinear(WarmupCosine):
-    """Linear warmup, then linear decay to ``min_lr_ratio`` of the peak (no restarts: ``cycles`` is 1): the
-    schedule of short runs such as airbench's, where the last steps at a tiny rate are worth having."""
+    """Linear warmup, then linear decay to ``min_lr_ratio`` of the peak (``cycles`` unused): airbench's triangle."""
 
-    def lr_factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.warmup_start + (1 - self.warmup_start) * (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * (1.0 - progress)
+    def decay(self, progress: float) -> float:
+        return 1.0 - progress
 
 
 def build_optimizer(
     make: Callable, config: Any, groups: list[dict], total_steps: int | Callable[[], int], buffers: Iterable = ()
 ) -> Optimizer:
-    """The optimizer ``make`` builds for parameter ``groups``: one that takes ``total_steps`` (Lookahead) gets
-    the run's, as a schedule does (``build_scheduler``). A group's ``lr_scale`` multiplies its learning rate,
-    and its ``weight_decay_scale`` its weight decay (``parameter_groups`` sets them). One that averages weights
-    (Lookahead's ``follow_buffers``) gets the network's ``buffers`` too: BatchNorm's statistics must be those of
-    the weights the run ends on."""
+    """The optimizer ``make`` builds for ``groups`` (``total_steps`` as ``build_scheduler`` gives them), their
+    ``lr_scale`` and ``weight_decay_scale`` applied; one that averages weights (Lookahead) averages ``buffers`` too."""
     optimizer = build_scheduler(make, config, groups, total_steps)
     if callable(getattr(optimizer, "follow_buffers", None)):
         optimizer.follow_buffers(buffers)
@@ -118,12 +106,8 @@ def build_optimizer(
 
 
 def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
-    """The scheduler ``make`` builds for ``optimizer``. One whose class takes ``total_steps``
-    (WarmupCosine, OneCycleLR) gets the run's number of optimizer steps there, which only the
-    Trainer knows, unless its config (``config``: the recorded ``{"class_path", "init_args"}``, or
-    None for a ``functools.partial`` given from Python) sets it; any other (StepLR, MultiStepLR,
-    ReduceLROnPlateau...) is built from its own arguments alone. ``total_steps`` may be a function that returns
-    them, asked only then (the Trainer's estimate, which a module without a Trainer cannot give)."""
+    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then) where its class
+    takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not set them."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
@@ -138,29 +122,15 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
 
 
 def interval_of(scheduler: Any) -> str:
-    """The interval a scheduler's own arguments are counted in: ``step`` for one planned over optimizer steps
-    (a ``total_steps``, as WarmupCosine and OneCycleLR take; CyclicLR's step sizes), ``epoch`` for torch's
-    others (StepLR's step_size, MultiStepLR's milestones, CosineAnnealingLR's T_max, ReduceLROnPlateau's
-    patience), as every PyTorch user reads them."""
+    """The unit a scheduler's arguments count: ``step`` (``total_steps``, CyclicLR's) or ``epoch`` (StepLR's...)."""
     return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"
 
 
 def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:
-    """Split parameters into a weight-decayed group and one without decay.
-
-    Decay pulls weights towards zero to limit their scale; on BatchNorm weights and on
-    biases there is no scale to limit, and decaying them only hurts (Goyal et al., 2017).
-    Every parameter with fewer than 2 dimensions is a norm weight or a bias.
-
-    A parameter named in its module's ``lr_scales`` ({parameter name: scale}, which a layer sets, as
-    ``template.nets.layers.FrozenWeightBatchNorm`` does for its bias) goes into a group per scale whose
-    learning rate is that many times the others' and whose decay per step is theirs (its weight decay
-    divided by the scale: it learns faster, it is not pulled to 0 faster), as airbench's BatchNorm biases.
-
-    With ``layer_decay`` (fine-tuning), timm's groups per depth instead: each ``lr_scale`` (applied by
-    ``build_optimizer``) is ``layer_decay`` to the power of the layer's distance
-    from the head, so the pretrained early layers move least. Frozen parameters are in them too (an
-    optimizer passes over a parameter without a gradient): unfreezing them needs no new group.
+    """The trainable parameters in groups: no weight decay on norm weights and biases (fewer than 2 dimensions: no
+    scale to limit, Goyal et al., 2017); a group per scale of those a module's ``lr_scales`` names ({name: scale}),
+    at that many times the learning rate and the same decay per step. With ``layer_decay`` (fine-tuning), timm's
+    groups per depth, frozen parameters included (unfreezing needs no new group), ``lr_scale`` = layer_decay ** depth.
     """
     if layer_decay is not None:
         return layer_groups(net, layer_decay)
@@ -195,8 +165,7 @@ def layer_groups(net: nn.Module, layer_decay: float) -> list[dict]:
     from timm.optim import param_groups_layer_decay
 
     frozen = [parameter for parameter in net.parameters() if not parameter.requires_grad]
-    for parameter in frozen:
-        parameter.requires_grad_(True)
+    net.requires_grad_(True)  # timm leaves frozen parameters out
     try:
         groups = param_groups_layer_decay(net, weight_decay=1.0, layer_decay=layer_decay)
     finally:

@@ -23,8 +23,7 @@ def print_evaluated(cli, split: str) -> None:
 
 
 def print_summary(cli, run_dir: Path) -> None:
-    """The run directory, best and last checkpoints, the command that tests the best, the learning rate at the
-    first and last epoch (a schedule that collapsed shows), and where the curves and trackers are."""
+    """Where the run, its checkpoints, curves and trackers are, and the learning rate's first and last values."""
     # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
     checkpoints = cli.trainer.checkpoint_callbacks
     best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)
@@ -36,8 +35,7 @@ def print_summary(cli, run_dir: Path) -> None:
             f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
             *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
         ]
-        # Only where `test` has images to read: a folder without test/ and test_fraction 0 has none.
-        # Nor in a sweep's trial or a fold of cv, each one of many runs: test the one chosen, once.
+        # Only where `test` has images to read, and not in a sweep's trial or cv's fold: test the one chosen, once.
         if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
             root = getattr(cli.datamodule, "root", None)  # where the images are: the command says, never the file
             where = f" --data.root {root}" if root else ""

@@ -1,10 +1,6 @@
-"""Trackers beside TensorBoard (MLflow, W&B): where they write, the run each continues, what they are told.
-
-TensorBoard stays the first logger: it writes the run directory. Each logger after it is a tracker
-(``--config configs/logger/mlflow.yaml`` or ``wandb.yaml``) whose run belongs to a run directory: the run
-directory records its id (``trackers.json``) and a resumed fit logs on into it; a rerun or an evaluation
-starts a new one, as it starts a new run directory.
-"""
+"""Trackers after TensorBoard, the first logger (MLflow, W&B: ``--config configs/logger/mlflow.yaml``): where they
+write, and the run each logs into. A run directory records its trackers' run ids (``trackers.json``); a resumed
+fit logs on into them, a rerun or an evaluation starts new ones, as it starts a new run directory."""
 
 import inspect
 import json
@@ -22,7 +18,6 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from template.checkpoints import DamagedCheckpointError
 from template.compat import logged_params
 
-# In a run directory: the id of the run each tracker logs into, by logger class, for a resume to log on into it.
 TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
 RUN_IDS = ("version", "run_id", "id")
@@ -30,13 +25,12 @@ TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B'
 
 
 class MLFlowLogger(loggers.MLFlowLogger):
-    """Lightning's MLFlowLogger, for a resumed run with changed hyper-parameters (another num_workers, say):
-    MLflow refuses a new value for a run's parameter, so those already logged keep their first, named in a
-    warning (the run directory's config.yaml has the new)."""
+    """Lightning's MLFlowLogger, resumable with changed hyper-parameters: MLflow refuses a new value for a run's
+    parameter, so those already logged keep their first, named in a warning."""
 
     @rank_zero_only
     def log_hyperparams(self, params: Any) -> None:
-        params = logged_params(params)  # as Lightning's own does: the keys MLflow gets
+        params = logged_params(params)
         logged = self.experiment.get_run(self.run_id).data.params
         if changed := sorted(key for key, value in params.items() if key in logged and logged[key] != str(value)[:250]):
             rank_zero_warn(
@@ -47,20 +41,14 @@ class MLFlowLogger(loggers.MLFlowLogger):
 
 
 def configured_class(tracker: Any) -> tuple[type, Namespace] | tuple[None, None]:
-    """A tracker's configured class and its init_args, or None and None where it has neither."""
     cls = pkgutil.resolve_name(tracker.class_path) if isinstance(tracker, Namespace) else None
     init_args = tracker.get("init_args") if isinstance(cls, type) else None
     return (cls, init_args) if init_args is not None else (None, None)
 
 
 def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
-    """The trackers, each told where it writes, so that config.yaml records it and a resume finds its run.
-
-    MLflow without a ``tracking_uri`` logs to ``MLFLOW_TRACKING_URI`` when set (as MLflow's own tools do), else
-    to SQLite beside the run directories (``runs/mlflow.db``: MLflow 3 refuses its plain-file store); W&B
-    without a ``save_dir`` writes there too. Without an experiment (project) name, each takes the runs'
-    ``name``. The same tracker twice (a resume given its --config again) is one: the first, with the run's id.
-    """
+    """The trackers told where they write (config.yaml records it): MLflow to ``MLFLOW_TRACKING_URI``, else to SQLite
+    beside the runs (MLflow refuses its plain-file store), W&B there too. A tracker given twice is one, the first."""
     runs, environment = Path(runs_dir).resolve(), os.environ.get("MLFLOW_TRACKING_URI")
     for tracker in trackers:
         cls, init_args = configured_class(tracker)
@@ -69,16 +57,16 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
         for argument in ("experiment_name", "project"):  # MLflow's, W&B's
             if argument in init_args and not init_args[argument]:
                 init_args[argument] = name or "lightning_logs"  # Lightning's default
-        if issubclass(cls, loggers.MLFlowLogger) and init_args.get("tracking_uri"):
-            if init_args.get("run_id") and environment not in (None, "", init_args.tracking_uri):
-                rank_zero_warn(
-                    f"MLflow run {init_args.run_id} goes on in {init_args.tracking_uri}, where the run began, not "
-                    f"in MLFLOW_TRACKING_URI={environment}: a run lives in one store"
-                )
-        elif issubclass(cls, loggers.MLFlowLogger):
+        mlflow = issubclass(cls, loggers.MLFlowLogger)
+        if mlflow and not init_args.get("tracking_uri"):
             init_args.tracking_uri = environment or f"sqlite:///{runs / 'mlflow.db'}"
             if init_args.tracking_uri.startswith("sqlite:") and not init_args.get("artifact_location"):
                 init_args.artifact_location = str(runs / "mlartifacts")  # MLflow's own: ./mlruns, wherever that is
+        elif mlflow and init_args.get("run_id") and environment not in (None, "", init_args.tracking_uri):
+            rank_zero_warn(
+                f"MLflow run {init_args.run_id} goes on in {init_args.tracking_uri}, where the run began, not "
+                f"in MLFLOW_TRACKING_URI={environment}: a run lives in one store"
+            )
         elif issubclass(cls, WandbLogger) and not init_args.get("save_dir") and not init_args.get("dir"):
             init_args.save_dir = str(runs)
     unique = [without_run_ids(tracker) for tracker in trackers]
@@ -92,8 +80,7 @@ def without_run_ids(tracker: Any) -> Any:
 
 
 def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
-    """A resumed fit's trackers log on into the runs its run directory recorded: a tracker given no run id of
-    its own gets its class's recorded one."""
+    """A resumed fit's trackers given no run id of their own log on into those its run directory recorded."""
     recorded = tracker_runs(run_dir)
     for tracker in trackers:
         cls, init_args = configured_class(tracker)
@@ -103,16 +90,13 @@ def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
 
 
 def class_key(cls: type) -> str:
-    """A logger class by its defining module: one key for all the paths that import it."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def record_trackers(trackers: list[Logger], configured: list, config: dict, run_dir: Path) -> None:
-    """Start each tracker's run, a new one with the run's configuration as its parameters (a resumed one keeps
-    those it started with), and record its id in ``trackers.json``. ``configured``: each tracker's section."""
+    """Start each tracker's run (a new one gets ``config``) and record its id; ``configured``: their sections."""
     record = {}
     for tracker, settings in zip(trackers, configured):
-        # The argument that names the run to log into: MLflow's run_id, W&B's id.
         parameters = inspect.signature(type(tracker)).parameters
         if (argument := next((name for name in ("run_id", "id") if name in parameters), None)) is None:
             continue
@@ -126,7 +110,7 @@ def record_trackers(trackers: list[Logger], configured: list, config: dict, run_
 
 
 def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
-    """The tracker runs a run directory recorded, by logger class, as the arguments that continue each; checked."""
+    """The tracker runs a run directory recorded, checked: {logger class: {argument: run id}}."""
     source = run_dir / TRACKER_RUNS
     if not source.is_file():
         return {}
@@ -148,13 +132,12 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
 
 def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested configuration by the names of its command-line options (list items by index)."""
-    if isinstance(value, dict) and value:
-        items = value.items()
-    elif isinstance(value, list | tuple) and any(isinstance(item, dict) for item in value):
-        items = enumerate(value)
-    else:
+    if isinstance(value, list | tuple) and any(isinstance(item, dict) for item in value):
+        value = dict(enumerate(value))
+    if not isinstance(value, dict) or not value:
         return {prefix: value}
-    return {key: item for name, each in items for key, item in flattened(each, f"{prefix}.{name}".lstrip(".")).items()}
+    named = {f"{prefix}.{name}".lstrip("."): each for name, each in value.items()}
+    return {key: item for name, each in named.items() for key, item in flattened(each, name).items()}
 
 
 def where_to_look(tracker: Logger, settings: Namespace) -> str:
