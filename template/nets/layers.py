@@ -41,11 +41,11 @@ class WhiteningConv(nn.Conv2d):
         self.fitted.fill_(True)
 
 
+@torch.no_grad()
 def identity_init_(conv: nn.Conv2d) -> nn.Conv2d:
     """Make the first ``in_channels`` filters of ``conv`` pass their input through (``nn.init.dirac_``): a deep
     plain network starts as a shallower one, which trains in fewer steps (Zagoruyko & Komodakis, 2017)."""
-    with torch.no_grad():
-        nn.init.dirac_(conv.weight[: min(conv.out_channels, conv.in_channels)])
+    nn.init.dirac_(conv.weight[: min(conv.out_channels, conv.in_channels)])
     return conv
 
 

@@ -121,8 +121,8 @@ def timm_net(
     adapted = as_tuple(config.classifier) * (num_classes != config.num_classes)
     adapted += as_tuple(config.first_conv) * (in_channels != config.input_size[0])
     adapted = tuple(f"{prefix}." for prefix in adapted)
-    wrong = [key for key in missing + mismatched if not key.startswith(adapted) and "num_batches" not in key]
-    if wrong:
+    missing = [key for key in missing if not key.endswith("num_batches_tracked")]  # timm's files hold none
+    if wrong := [key for key in missing + mismatched if not key.startswith(adapted)]:
         raise ValueError(
             f"{path} is not the weights of timm {config.architecture}: {len(wrong)} of its tensors differ "
             f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); give that network's weights"
