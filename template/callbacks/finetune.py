@@ -6,20 +6,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from template.module import parameter_groups
-from template.nets.pretrained import head_and_backbone
+from template.nets.pretrained import backbone_of
 
 
 class FreezeBackbone(BaseFinetuning):
-    """Freeze all but the classifier head (the network's last ``nn.Linear``) until ``unfreeze_at_epoch``, then
-    train the backbone too at ``backbone_lr_ratio`` times the head's learning rate, in the recipe's groups.
-
-    A fresh head on frozen features sends no large, random gradients back into pretrained weights; the lower
-    rate then adapts them without undoing them. Lightning's ``BaseFinetuning`` restores the groups on resume.
-
-    Args:
-        unfreeze_at_epoch: the first epoch that trains the backbone (0: never frozen).
-        backbone_lr_ratio: the backbone's learning rate as a fraction of the head's.
-        train_bn: keep BatchNorm layers training while the backbone is frozen.
+    """Freeze all but the classifier head (the network's last ``nn.Linear``) until ``unfreeze_at_epoch`` (0: never
+    frozen), then train the backbone too at ``backbone_lr_ratio`` times the head's learning rate, in the recipe's
+    groups; ``train_bn`` keeps BatchNorm layers training while frozen. A fresh head on frozen features sends no
+    large, random gradients into pretrained weights; the lower rate then adapts them without undoing them.
     """
 
     def __init__(self, unfreeze_at_epoch: int = 1, backbone_lr_ratio: float = 0.1, train_bn: bool = False) -> None:
@@ -35,22 +29,16 @@ class FreezeBackbone(BaseFinetuning):
 
     def freeze_before_training(self, pl_module: L.LightningModule) -> None:
         if self.unfreeze_at_epoch > 0:
-            self.freeze(head_and_backbone(pl_module.net)[1], train_bn=self.train_bn)
+            self.freeze(backbone_of(pl_module.net), train_bn=self.train_bn)
 
     def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: Optimizer) -> None:
         if epoch != self.unfreeze_at_epoch or self.unfreeze_at_epoch == 0:
             return
-        backbone = nn.ModuleList(head_and_backbone(pl_module.net)[1])
+        backbone = nn.ModuleList(backbone_of(pl_module.net))
         self.make_trainable(backbone)
-        head = optimizer.param_groups[0]
         if {id(p) for p in backbone.parameters()} <= {id(p) for g in optimizer.param_groups for p in g["params"]}:
             return  # already in the optimizer's groups (model.layer_decay's): trainable now, at their own rates
+        ratio, head = self.backbone_lr_ratio, optimizer.param_groups[0]
+        rates = {"lr": head["lr"] * ratio, "initial_lr": head.get("initial_lr", head["lr"]) * ratio}
         for group in parameter_groups(backbone):
-            optimizer.add_param_group(
-                {
-                    **group,
-                    "name": f"backbone_{group['name']}",
-                    "lr": head["lr"] * self.backbone_lr_ratio,
-                    "initial_lr": head.get("initial_lr", head["lr"]) * self.backbone_lr_ratio,
-                }
-            )
+            optimizer.add_param_group({**group, "name": f"backbone_{group['name']}", **rates})

@@ -18,9 +18,8 @@ METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
 
 
 def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
-    """A confusion matrix as a (3, K*cell, K*cell) image: rows true classes, columns predictions,
-    each row normalised, dark blue (0) to yellow (1). Tensor ops only: no plotting library,
-    so it costs a millisecond per validation, not a second."""
+    """A confusion matrix as a (3, K*cell, K*cell) image: rows true classes, columns predictions, each row
+    normalised, dark blue (0) to yellow (1). Tensor ops, not a plotting library: a millisecond, not a second."""
     share = matrix.float() / matrix.sum(dim=1, keepdim=True).clamp_min(1)  # (K, K) in [0, 1]
     low, high = torch.tensor([0.1, 0.1, 0.4]), torch.tensor([1.0, 0.9, 0.1])
     image = low[:, None, None] + (high - low)[:, None, None] * share[None]  # (3, K, K)
@@ -33,10 +32,8 @@ def current_lr(trainer: L.Trainer) -> float:
 
 class TrainingMonitor(Callback):
     """Images/s and epoch time, train and val loss on one chart, a confusion matrix and the misclassified
-    validation images in TensorBoard, and the epoch metrics in ``metrics.csv`` (``rows``).
-
-    Cheap by design: nothing is synchronised per step (Lightning's ThroughputMonitor synchronises the GPU at every
-    step, and its figures never reach metrics.csv); the confusion matrix accumulates on the device.
+    validation images in TensorBoard, and the epoch metrics in ``metrics.csv``. Nothing is synchronised per step
+    (Lightning's ThroughputMonitor syncs the GPU at every step, and never writes metrics.csv).
 
     Args:
         misclassified: how many misclassified validation images to show (0: none).
@@ -46,7 +43,7 @@ class TrainingMonitor(Callback):
     def __init__(self, misclassified: int = 16, csv_name: str = "metrics.csv") -> None:
         self.misclassified = misclassified
         self.csv_name = csv_name
-        self._epoch_start = 0.0
+        self._epoch_start = self._train_end = 0.0
         self._images = 0
         self._confusion: MulticlassConfusionMatrix | None = None
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
@@ -55,13 +52,12 @@ class TrainingMonitor(Callback):
         self._lr: float | None = None  # the learning rate the epoch started with
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict:  # a resumed run's metrics.csv keeps the epochs before it
         self._write_row()
-        return {"rows": self.rows}  # so that a resumed run's metrics.csv keeps the epochs before it
+        return {"rows": self.rows}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        rows = state_dict.get("rows")
-        # From a checkpoint, so untrusted: numbers under metric names only (never a spreadsheet's formula).
+        rows = state_dict.get("rows")  # untrusted: numbers under metric names only, never a spreadsheet formula
         if isinstance(rows, list) and all(
             isinstance(row, dict)
             and all(isinstance(k, str) and METRIC_NAME.match(k) and isinstance(v, int | float) for k, v in row.items())
@@ -81,8 +77,8 @@ class TrainingMonitor(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_row()
-        self._epoch_start, self._images = time.perf_counter(), 0
-        self._train_end = self._epoch_start
+        self._epoch_start = self._train_end = time.perf_counter()
+        self._images = 0
         # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
         # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
@@ -90,16 +86,15 @@ class TrainingMonitor(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
-        self._train_end = time.perf_counter()  # the last one marks the end of training, before validation
+        self._train_end = time.perf_counter()  # the last one: the end of training, before validation
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        seconds = time.perf_counter() - self._epoch_start  # with validation
-        training = max(self._train_end - self._epoch_start, 1e-9)  # without
+        training = max(self._train_end - self._epoch_start, 1e-9)  # without validation
+        seconds = time.perf_counter() - self._epoch_start
         speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
-        for name, value in speed.items():
-            pl_module.log(name, value)
-        # The module's on_train_epoch_end, after this, may log epoch metrics (ours: train/acc): the row waits
-        # for the next hook of ours (a checkpoint's state, the next epoch, the end of training).
+        pl_module.log_dict(speed)
+        # The module's on_train_epoch_end, after this, may log epoch metrics (train/acc): the row waits for the
+        # next hook of ours (a checkpoint's state, the next epoch, the end of training).
         lr = self._lr if self._lr is not None else current_lr(trainer)  # a resume mid-epoch started none
         row, self._lr = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": lr}, None
         self._pending = (trainer, row, speed)

@@ -13,37 +13,29 @@ class NonFiniteError(RuntimeError):
 
 
 def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str) -> None:
-    """Raise NonFiniteError naming the step (global step, epoch, batch index; None: another rank's), what was
-    not finite there, and how far training got."""
-    if where is None:
-        what, place = "loss or gradient norm", "on another rank"
-    else:
+    """Raise NonFiniteError naming the step (global step, epoch, batch index; None: another rank's)."""
+    what, place = "loss or gradient norm", "on another rank"
+    if where is not None:
         bad = [name for name, value in (("loss", loss), ("gradient norm", grad_norm)) if not math.isfinite(value)]
         what = ", ".join(bad) or "the value on another rank"
-        place = (f"at global step {where[0]}, epoch {where[1]}, batch index {where[2]} "
-                 f"(loss={loss:.4g}, gradient norm={grad_norm:.4g})")  # fmt: skip
+        place = f"at global step {where[0]}, epoch {where[1]}, batch index {where[2]} "
+        place += f"(loss={loss:.4g}, gradient norm={grad_norm:.4g})"
     raise NonFiniteError(
         f"non-finite {what} {place}; {how}, so the last checkpoint is good. Lower the learning rate, clip "
         "gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
     )
 
 
-def gradient_norm(optimizer: Optimizer, device: torch.device) -> torch.Tensor:
-    """Total 2-norm of the gradients ``optimizer`` is about to apply, fused (foreach); 0 without any."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
-
-
 class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step, for any LightningModule: a NaN spreads
-    into every weight at the next step, so caught before it, the last checkpoints stay good. One device sync a
-    step. With ``16-mixed`` the gradient scaler already skips overflowing steps: only the loss is checked.
+    """Checks the loss and the gradient norm before every optimizer step of any LightningModule: a NaN caught
+    before it spreads into the weights leaves the last checkpoints good. One device sync a step. With
+    ``16-mixed`` the gradient scaler already skips overflowing steps: only the loss is checked.
 
     Args:
         skip: skip such steps (their gradients dropped), counted in ``train/skipped_steps``, instead of stopping.
-        check_every_n_steps: look (one sync) only every this many steps and before every validation and
-            checkpoint, for GPU runs whose small steps a sync would stall: the steps up to the check then touch
-            the weights in memory, but no checkpoint is written after a bad one. ``skip`` needs 1.
+        check_every_n_steps: look only every this many steps and before every validation and checkpoint, for
+            GPU runs whose small steps a sync would stall: the weights in memory may then take bad steps, but no
+            checkpoint is written after one. ``skip`` needs 1.
     """
 
     def __init__(self, skip: bool = False, check_every_n_steps: int = 1) -> None:
@@ -63,8 +55,7 @@ class NonFiniteGuard(Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx
-        if self.skip:
-            # The forward pass updates BatchNorm's running statistics: a skipped step puts them back too.
+        if self.skip:  # the forward pass updates BatchNorm's running statistics: a skipped step puts them back
             self._buffers = [buffer.detach().clone() for buffer in pl_module.buffers()]
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -72,15 +63,17 @@ class NonFiniteGuard(Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         loss = self._loss if self._loss is not None else torch.zeros((), device=pl_module.device)
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:
-            grad_norm = torch.zeros((), device=loss.device)  # the fp16 scaler skips overflowing steps itself
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if getattr(trainer.precision_plugin, "scaler", None) is not None or not grads:
+            grad_norm = torch.zeros((), device=loss.device)
         else:
-            grad_norm = gradient_norm(optimizer, pl_module.device)
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+        where = (trainer.global_step, trainer.current_epoch, self._batch_idx)
         if self.check_every_n_steps > 1:  # record on the device now, look later: no sync here
             if self._values is None or self._values.device != loss.device:
                 self._values = torch.empty(self.check_every_n_steps, 2, device=loss.device)
             self._values[len(self._where)] = torch.stack([loss.float().mean(), grad_norm.float()])
-            self._where.append((trainer.global_step, trainer.current_epoch, self._batch_idx))
+            self._where.append(where)
             if len(self._where) == self.check_every_n_steps:
                 self.check_pending(trainer)
             return
@@ -89,19 +82,16 @@ class NonFiniteGuard(Callback):
         # The loss is each rank's own: all ranks must agree, or one stops while the others wait for it forever.
         if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
-        if self.skip:
-            self.skipped += 1
-            optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are not updated
-            with torch.no_grad():
-                for buffer, saved in zip(pl_module.buffers(), self._buffers):
-                    buffer.copy_(saved)
-            pl_module.log("train/skipped_steps", float(self.skipped), on_step=False, on_epoch=True, reduce_fx="max")
-            return
-        where = (trainer.global_step, trainer.current_epoch, self._batch_idx)
-        how = "training stopped before this step touched the weights"
-        stop(where, loss.float().mean().item(), grad_norm.item(), how)
+        if not self.skip:
+            stop(where, loss.float().mean().item(), grad_norm.item(), "training stopped before it touched the weights")
+        self.skipped += 1
+        optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are not updated
+        with torch.no_grad():
+            for buffer, saved in zip(pl_module.buffers(), self._buffers):
+                buffer.copy_(saved)
+        pl_module.log("train/skipped_steps", float(self.skipped), on_step=False, on_epoch=True, reduce_fx="max")
 
-    def check_pending(self, trainer: L.Trainer) -> None:
+    def check_pending(self, trainer: L.Trainer, *_) -> None:
         """Look at the steps recorded since the last look; stop naming the first non-finite one."""
         if not self._where:
             return
@@ -110,22 +100,12 @@ class NonFiniteGuard(Callback):
         finite = torch.isfinite(values).all(dim=1)
         if trainer.strategy.reduce_boolean_decision(bool(finite.all()), all=True):
             return
-        how = (f"found by the check every {self.check_every_n_steps} steps: the weights in memory are no "
-               "longer finite, but no checkpoint was written after that step")  # fmt: skip
+        how = f"found by the check every {self.check_every_n_steps} steps: the weights in memory are no longer "
+        how += "finite, but no checkpoint was written after that step"
         bad = [index for index, ok in enumerate(finite.tolist()) if not ok]
         if not bad:  # the non-finite step was on another rank
             stop(None, 0.0, 0.0, how)
         stop(where[bad[0]], *values[bad[0]].tolist(), how)
 
     # Before anything reads or saves the weights.
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check_pending(trainer)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check_pending(trainer)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self.check_pending(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check_pending(trainer)
+    on_validation_start = on_train_epoch_end = on_save_checkpoint = on_train_end = check_pending

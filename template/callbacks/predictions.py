@@ -9,19 +9,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 
 def spreadsheet_safe(cell: str) -> str:
-    """A text cell a spreadsheet shows as text: one starting with = + - @ (or a tab or carriage return)
-    would be run as a formula (CSV injection), so it gets a leading apostrophe, as spreadsheets expect."""
+    """``cell`` with a leading apostrophe where a spreadsheet would run it as a formula (CSV injection)."""
     return f"'{cell}" if cell[:1] in ("=", "+", "-", "@", "\t", "\r") else cell
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Saves one row per predicted image: its id, then the ``top_k`` most probable classes and their
-    probabilities, each in a column of its own (class names may hold any character), never as formulas.
-
-    Args:
-        filename: name of the CSV inside the run directory.
-        top_k: how many of the most probable classes to list per image.
-    """
+    """Saves one row per predicted image in ``filename`` in the run directory: its id, then the ``top_k`` most
+    probable classes and their probabilities, each in a column of its own, never as formulas."""
 
     def __init__(self, filename: str = "predictions.csv", top_k: int = 3) -> None:
         super().__init__(write_interval="epoch")

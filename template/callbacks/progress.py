@@ -10,14 +10,12 @@ REDRAW_RATE = 20  # how often Rich's thread looks for an update to draw (Lightni
 
 
 class ThrottledProgressBar(RichProgressBar):
-    """``RichProgressBar`` that takes in a batch's progress and metrics at most ``refresh_rate`` times a second
-    (kept as ``updates_per_second``), and always an epoch's first and last batches (the speed needs two samples;
-    the bar ends full). The stock bar reads the metrics (an ``.item()`` each) after every batch: about a
-    millisecond, most of the framework's cost on small steps. No ``v_num``: the run summary names the run."""
+    """``RichProgressBar`` that takes in a batch's progress and metrics (an ``.item()`` each, most of the framework's
+    cost on small steps) at most ``refresh_rate`` times a second, and always an epoch's first and last batches.
+    No ``v_num``: the run summary names the run."""
 
     def __init__(self, refresh_rate: int = 2, leave: bool = False) -> None:
-        # Rich's redraw thread sleeps 1/rate between looks, and stopping the bar waits for it: at 2 a
-        # second, every command ended up to half a second late.
+        # Rich's redraw thread sleeps 1/rate between looks, and stopping the bar waits for it.
         super().__init__(refresh_rate=REDRAW_RATE if refresh_rate > 0 else 0, leave=leave)
         self.updates_per_second = refresh_rate
         self._last_update = float("-inf")  # the first batch is always shown
@@ -45,6 +43,6 @@ class ThrottledProgressBar(RichProgressBar):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The stock bar reads the metrics here, which computes the epoch's: one synced across DDP ranks
-        # (train/acc) would all_gather on rank 0 alone, the only one with a bar: a deadlock. The next update shows them.
+        # The stock bar reads the metrics here: one synced across DDP ranks (train/acc) would all_gather on rank 0
+        # alone, a deadlock. The next update shows them.
         self.refresh()

@@ -18,74 +18,62 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from template.compat import at_last_batch, kill_launched
 
 RNG_KEY = "rng_states"
-# A SIGTERM this soon after the first is the same request delivered twice: timeout(1) signals
-# the process and then its process group, and Lightning forwards rank 0's to the ranks it launched.
+# A SIGTERM this soon after the first is the same one delivered twice: timeout(1) signals the process and then
+# its group, and Lightning forwards rank 0's to the ranks it launched.
 REPEAT_AFTER_S = 2.0
 
 
-def collect_rng_states() -> dict[str, Any]:
-    """Python, NumPy, torch (and CUDA) generator states, as tensors and primitives (weights_only-safe)."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    states = {
-        "python": random.getstate(),
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    python = states["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    name, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 class ResumeState(Callback):
-    """Exact resume: the random-number state in every checkpoint, and a checkpoint on SIGTERM.
+    """Exact resume: the global random-number state (augmentation, dropout) in every checkpoint, restored at
+    ``on_train_start``; and a checkpoint on SIGTERM.
 
-    Augmentation and dropout draw from the global generators (the shuffling order does not), so a resumed run
-    needs their state not to diverge from an uninterrupted one. Nothing draws from them between a checkpoint and
-    the next batch (Lightning isolates the sanity check): ``on_train_start`` restores them exactly.
-
-    On SIGTERM, Lightning raises ``SIGTERMException`` after the running optimizer step, on every rank; this writes
-    ``preempted_filename`` beside the other checkpoints, and the CLI exits with status 143 and says how to resume
-    (under SLURM, Lightning's SIGUSR1 handler saves and requeues: scripts/slurm.sbatch). Lightning's handler only
-    sets a flag, read after each batch: a SIGTERM outside the batches (an epoch-end hook, a checkpoint being
-    written, a deadlocked collective), or a second one, ends the process at once (143, its ranks killed).
+    On SIGTERM, Lightning raises ``SIGTERMException`` after the running step, on every rank; this writes
+    ``preempted_filename`` beside the other checkpoints and the CLI exits with 143, saying how to resume (SLURM's
+    SIGUSR1 requeues: scripts/slurm.sbatch). Lightning only reads its flag after a batch: a SIGTERM outside the
+    batches (an epoch-end hook, a checkpoint being written, a deadlocked collective), or a second one, ends the
+    process at once (143, its ranks killed).
     """
 
     def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
         self.preempted_filename = preempted_filename
-        self.preempted: Path | None = None  # where the checkpoint on SIGTERM went
         self._pending: dict[str, Any] | None = None
-        self._in_batches = False  # within a loop's batches: Lightning reads its SIGTERM flag after this one
+        self._in_batches = False  # Lightning reads its SIGTERM flag after the running batch
         self._first_sigterm: float | None = None
         self._watch: tuple[threading.Thread, int, int, int] | None = None  # thread, pipe ends, previous fd
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint[RNG_KEY] = collect_rng_states()
+        # Python, NumPy, torch (and CUDA) generator states, as tensors and primitives (weights_only-safe).
+        name, keys, position, has_gauss, cached = np.random.get_state()
+        checkpoint[RNG_KEY] = states = {
+            "python": random.getstate(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._pending = checkpoint.get(RNG_KEY)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending is not None:
-            restore_rng_states(self._pending)
-            self._pending = None
+        if (states := self._pending) is None:
+            return
+        self._pending = None
+        python = states["python"]
+        random.setstate((python[0], tuple(python[1]), python[2]))
+        name, keys, position, has_gauss, cached = states["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+        torch.set_rng_state(states["torch"])
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_watching()
         self._in_batches, self._first_sigterm = False, None
         if threading.current_thread() is not threading.main_thread():
-            return  # set_wakeup_fd is for the main thread only, where signals are handled
-        # Python runs signal handlers in the main thread between bytecodes, never while it waits in a C++
-        # collective; the C-level handler writes each signal's number to the wakeup fd at once, for a thread.
+            return  # set_wakeup_fd is for the main thread only
+        # Python's handlers run between bytecodes, never in a blocked C++ collective; the C-level handler writes
+        # each signal's number to the wakeup fd at once, for a thread to read.
         read, write = os.pipe()
         os.set_blocking(write, False)  # a signal handler must never block on a full pipe
         previous = signal.set_wakeup_fd(write)
@@ -120,20 +108,18 @@ class ResumeState(Callback):
         signal.set_wakeup_fd(previous)
         os.write(write, b"\0")
         thread.join()
-        os.close(read)
-        os.close(write)
+        for fd in (read, write):
+            os.close(fd)
         self._watch = None
 
-    # Lightning reads its flag after every batch but a loop's last: the hooks after that one (with collectives
-    # and checkpoints), where a run can block, come before its next read.
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+    # Lightning reads its flag after every batch but a loop's last: the hooks after that one can block.
+    def on_train_batch_start(self, *_) -> None:
         self._in_batches = True
+
+    on_validation_batch_start = on_train_batch_start
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
         self._in_batches = not at_last_batch(trainer, validating=False)
-
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._in_batches = True
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
         self._in_batches = not at_last_batch(trainer, validating=True)
@@ -145,13 +131,10 @@ class ResumeState(Callback):
         try:
             if isinstance(exception, SIGTERMException) and trainer.checkpoint_callback is not None:
                 directory = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
-                self.preempted = Path(directory) / self.preempted_filename
-                trainer.save_checkpoint(self.preempted)
+                path = Path(directory) / self.preempted_filename
+                trainer.save_checkpoint(path)
                 if trainer.is_global_zero:
-                    print(
-                        f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {self.preempted}. "
-                        f"Resume with the same options and --ckpt_path {self.preempted}",
-                        file=sys.stderr,
-                    )
+                    sys.stderr.write(f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {path}. ")
+                    sys.stderr.write(f"Resume with the same options and --ckpt_path {path}\n")
         finally:
             self._stop_watching()  # only now: a second SIGTERM while it saves still ends the process

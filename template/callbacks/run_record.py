@@ -1,5 +1,6 @@
 """Writes config.yaml and env.json into the run directory: what a rerun needs to reproduce the run."""
 
+import contextlib
 import json
 import os
 import platform
@@ -7,7 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 
 import lightning as L
@@ -22,13 +23,6 @@ from template.tracking import TRACKER_RUNS, record_trackers
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
 
 
-def _version(package: str) -> str | None:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
 def _git(*args: str) -> str | None:
     try:
         result = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
@@ -39,7 +33,6 @@ def _git(*args: str) -> str | None:
 
 def environment_record(trainer: L.Trainer | None = None) -> dict:
     """Versions, devices, code revision, seed, determinism settings and the command line."""
-    cuda = torch.cuda.is_available()
     commit = _git("rev-parse", "HEAD")
     program = Path(sys.argv[0])
     program_name = f"python -m {program.parent.name}" if program.name == "__main__.py" else program.name
@@ -48,10 +41,10 @@ def environment_record(trainer: L.Trainer | None = None) -> dict:
         "cwd": os.getcwd(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "packages": {package: _version(package) for package in PACKAGES},
+        "packages": {package: version(package) for package in PACKAGES},
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else ["cpu"],
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or ["cpu"],
         "accelerator": type(trainer.accelerator).__name__ if trainer else None,
         "world_size": trainer.world_size if trainer else 1,
         "precision": trainer.precision if trainer else None,
@@ -64,8 +57,7 @@ def environment_record(trainer: L.Trainer | None = None) -> dict:
 
 
 def run_directory(trainer: L.Trainer) -> str | None:
-    """``trainer.log_dir`` without its broadcast, for code only rank 0 runs: a collective the other ranks never
-    join (or join elsewhere, in another collective) hangs the run."""
+    """``trainer.log_dir`` without its broadcast (a collective), for code only rank 0 runs."""
     if not trainer.loggers:
         return trainer.default_root_dir
     logger = trainer.loggers[0]
@@ -74,8 +66,7 @@ def run_directory(trainer: L.Trainer) -> str | None:
 
 class RunRecord(SaveConfigCallback):
     """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does), ``env.json`` (``env-2.json``...
-    on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``). One callback
-    for all: every callback costs a few µs at each of a training step's hooks."""
+    on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``)."""
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's hook for records besides config.yaml: on rank 0 only, once a run.
@@ -93,8 +84,7 @@ class RunRecord(SaveConfigCallback):
             record_trackers(trackers, loggers_of(self.config)[1:], config, run_dir)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """Remove the run directory of a command that failed before it produced anything: one with a checkpoint,
-        or whose fit took a step (its curves show how it failed), stays."""
+        """Remove the run directory of a command that failed before it produced anything (a checkpoint, a step)."""
         if not trainer.is_global_zero or not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
         run_dir = Path(log_dir)
@@ -108,8 +98,6 @@ class RunRecord(SaveConfigCallback):
         ):
             return
         shutil.rmtree(run_dir, ignore_errors=True)
-        for parent in (run_dir.parent, run_dir.parent.parent):  # runs/<name>, then runs/, if now empty
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        with contextlib.suppress(OSError):  # runs/<name>, then runs/, if now empty
+            run_dir.parent.rmdir()
+            run_dir.parent.parent.rmdir()

@@ -8,11 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from template.nets.layers import (
-    FrozenWeightBatchNorm,
-    WhiteningConv,
-    identity_init_,
-)
+from template.nets.layers import FrozenWeightBatchNorm, WhiteningConv, identity_init_
 
 
 class ConvGroup(nn.Sequential):
@@ -30,14 +26,12 @@ class AirbenchNet(nn.Module):
     """airbench94's network: (B, C, H, W) normalised images to (B, num_classes) logits.
 
     Args:
-        num_classes, in_channels: linked from the DataModule by the CLI.
         widths: output channels of the three blocks; each block halves height and width.
-        whiten_kernel, whiten_eps, whiten_images: the whitening stem's patch side, eigenvalue floor and the
-            training images its filters come from (``template.nets.layers.WhiteningConv``).
-        identity_init: the first in-channels of every convolution after the stem start as the identity.
+        whiten_kernel, whiten_eps, whiten_images: of the whitening stem (``template.nets.layers.WhiteningConv``).
+        identity_init: every convolution after the stem starts as the identity (``identity_init_``).
         bn_momentum, bn_eps, bias_lr_scale: of every BatchNorm (``FrozenWeightBatchNorm``).
-        logit_scale: multiplies the logits: with label smoothing, a smaller scale is a milder temperature
-            that the large learning rate cannot blow up (airbench: 1/9).
+        logit_scale: multiplies the logits: with label smoothing, a milder temperature that the large learning
+            rate cannot blow up.
     """
 
     def __init__(

@@ -1,27 +1,17 @@
-"""Layers of airbench's network (Jordan, 2024, arXiv 2404.00498), each usable in any network: a stem of
-patch-whitening filters computed from the training images, identity (Dirac) initialisation of a
-convolution, and BatchNorm with its scale frozen and its shift learning faster."""
+"""Layers of airbench's network (Jordan, 2024, arXiv 2404.00498), each usable in any network."""
 
 import torch
 from torch import nn
 
 
 class WhiteningConv(nn.Conv2d):
-    """A ``kernel_size`` convolution without padding whose filters whiten the image's patches: the
-    eigenvectors of the training patches' covariance, each divided by the square root of its eigenvalue
-    (plus ``eps``), and their negatives (so a ReLU or GELU after it loses nothing), frozen. Its output
-    channels are ``2 * in_channels * kernel_size ** 2``.
+    """A frozen ``kernel_size`` convolution without padding whose filters whiten the image's patches: the
+    eigenvectors of the training patches' covariance, each divided by the square root of its eigenvalue plus
+    ``eps`` (which bounds the gain of pixel noise), and their negatives, so a GELU after it loses nothing.
+    Decorrelated, equally scaled inputs make a large learning rate work from the first step.
 
-    Computed once, from data: ``fit`` takes normalised training images; at the start of training the module
-    calls it with ``fit_images`` training images drawn at random (``template.data_init``), unless the filters were
-    computed already (``fitted``: a checkpoint's or a resumed run's stay). Decorrelated, equally scaled
-    inputs make the first steps of SGD well conditioned: a large learning rate works from the start.
-
-    Args:
-        in_channels: channels of the input images.
-        kernel_size: side of the patches (2 in airbench).
-        eps: added to the eigenvalues; bounds the gain of the faintest directions (pixel noise).
-        fit_images: training images the covariance is taken from.
+    ``template.data_init`` calls ``fit`` at the start of training with ``fit_images`` random training images,
+    unless the filters are ``fitted`` already (a checkpoint's or a resumed run's stay).
     """
 
     def __init__(self, in_channels: int = 3, kernel_size: int = 2, eps: float = 5e-4, fit_images: int = 5000) -> None:
@@ -32,7 +22,7 @@ class WhiteningConv(nn.Conv2d):
 
     @torch.no_grad()
     def fit(self, images: torch.Tensor) -> None:
-        """The filters from normalised images (N, C, H, W); in float64, in chunks (memory stays small)."""
+        """The filters from normalised images (N, C, H, W), in float64, in chunks."""
         side = self.kernel_size[0]
         dims = self.in_channels * side * side
         total, outer, count = torch.zeros(dims, dtype=torch.float64), torch.zeros(dims, dims, dtype=torch.float64), 0
@@ -51,26 +41,19 @@ class WhiteningConv(nn.Conv2d):
         self.fitted.fill_(True)
 
 
+@torch.no_grad()
 def identity_init_(conv: nn.Conv2d) -> nn.Conv2d:
-    """Make the first ``in_channels`` filters of ``conv`` pass their input through (a Dirac delta at the
-    kernel's centre; ``torch.nn.init.dirac_``), the others as they were. A deep plain network starts as a
-    shallower one plus learned extras, which trains in fewer steps (airbench; Zagoruyko & Komodakis, 2017)."""
-    with torch.no_grad():
-        nn.init.dirac_(conv.weight[: min(conv.out_channels, conv.in_channels)])
+    """Make the first ``in_channels`` filters of ``conv`` pass their input through (``nn.init.dirac_``): a deep
+    plain network starts as a shallower one, which trains in fewer steps (Zagoruyko & Komodakis, 2017)."""
+    nn.init.dirac_(conv.weight[: min(conv.out_channels, conv.in_channels)])
     return conv
 
 
 class FrozenWeightBatchNorm(nn.BatchNorm2d):
     """BatchNorm2d whose scale stays 1 and whose shift learns ``bias_lr_scale`` times faster than the other
     parameters (``template.schedule.parameter_groups`` reads ``lr_scales``). Before a GELU that the next
-    convolution rescales anyway, a learned scale adds nothing but a direction to drift in; the shift, with
-    few parameters and small gradients, needs the larger rate (airbench: 64).
-
-    Args:
-        num_features: channels.
-        momentum: torch's convention (the weight of the new batch's statistics); airbench's 0.6 is 0.4 here.
-        eps: added to the variance; tiny, as the statistics of a batch of 1024 never vanish.
-        bias_lr_scale: the multiple of the learning rate the shift learns at.
+    convolution rescales anyway, a learned scale adds nothing but a direction to drift in. ``momentum`` is
+    torch's convention (the new batch's weight): airbench's 0.6 is 0.4 here.
     """
 
     def __init__(

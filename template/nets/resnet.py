@@ -1,11 +1,6 @@
-"""BasicBlock ResNets (He et al., 2016) with a CIFAR-style stem.
-
-A plain ``nn.Module`` with no Lightning import, so it can be used, exported or
-swapped on its own. The stem is one 3x3 convolution at stride 1 (no 7x7 conv and
-max-pool) because small images (8x8 digits, 32x32 CIFAR) would lose most of
-their pixels to an ImageNet stem. Global average pooling before the head makes
-every input size work.
-"""
+"""BasicBlock ResNets (He et al., 2016) with a CIFAR-style stem: one 3x3 convolution at stride 1 (no 7x7 conv
+and max-pool), as small images (8x8 digits, 32x32 CIFAR) would lose most of their pixels to an ImageNet stem.
+Global average pooling before the head makes every input size work."""
 
 from collections.abc import Sequence
 
@@ -15,13 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers with a residual connection.
-
-    Args:
-        in_channels: channels of the input.
-        out_channels: channels of the output.
-        stride: stride of the first convolution; 2 halves height and width.
-    """
+    """Two 3x3 conv-BN layers with a residual connection; ``stride`` 2 halves height and width."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
         super().__init__()
@@ -50,14 +39,12 @@ class ResNet(nn.Module):
     """A BasicBlock ResNet for image classification, returning raw logits.
 
     Args:
-        num_classes: number of output logits. Linked from the DataModule by the CLI.
-        in_channels: channels of the input images. Linked from the DataModule by the CLI.
-        widths: output channels of each stage; every stage after the first halves
-            height and width.
+        num_classes, in_channels: linked from the DataModule by the CLI.
+        widths: output channels of each stage; every stage after the first halves height and width.
         blocks_per_stage: number of BasicBlocks in each stage, one entry per width.
         stem_width: channels of the 3x3 stem convolution; defaults to ``widths[0]``.
-        checkpoint_stages: recompute each stage's activations in the backward pass
-            instead of storing them (less memory, about a third more compute).
+        checkpoint_stages: recompute each stage's activations in the backward pass instead of storing them
+            (less memory, more compute).
     """
 
     def __init__(
@@ -70,15 +57,11 @@ class ResNet(nn.Module):
         checkpoint_stages: bool = False,
     ) -> None:
         super().__init__()
-        if len(widths) != len(blocks_per_stage) or not widths:
+        sizes = [*widths, *blocks_per_stage, num_classes, in_channels]
+        if not widths or len(widths) != len(blocks_per_stage) or min(sizes) < 1:
             raise ValueError(
-                f"widths {list(widths)} and blocks_per_stage {list(blocks_per_stage)} must be "
-                "non-empty and of the same length (one entry per stage)"
-            )
-        if min(blocks_per_stage) < 1 or min(widths) < 1 or num_classes < 1 or in_channels < 1:
-            raise ValueError(
-                f"widths {list(widths)}, blocks_per_stage {list(blocks_per_stage)}, num_classes "
-                f"{num_classes} and in_channels {in_channels} must all be positive"
+                f"widths {list(widths)} and blocks_per_stage {list(blocks_per_stage)} must be non-empty, of one "
+                f"positive entry per stage, and num_classes {num_classes} and in_channels {in_channels} positive"
             )
         self.checkpoint_stages = checkpoint_stages
         stem_width = stem_width or widths[0]
@@ -87,8 +70,6 @@ class ResNet(nn.Module):
             nn.BatchNorm2d(stem_width),
             nn.ReLU(),
         )
-        # nn.ModuleList, never a plain list: parameters in a plain list are not
-        # registered, so they are neither trained nor saved nor moved to the device.
         self.stages = nn.ModuleList()
         channels = stem_width
         for index, (width, blocks) in enumerate(zip(widths, blocks_per_stage)):
@@ -113,17 +94,14 @@ class ResNet(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)  # (B, stem_width, H, W)
         for stage in self.stages:
             if self.checkpoint_stages and torch.is_grad_enabled():
                 x = checkpoint(stage, x, use_reentrant=False)
             else:
                 x = stage(x)
-        return x  # (B, widths[-1], H / 2**(stages-1), W / 2**(stages-1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.forward_features(x)
+        # x: (B, widths[-1], H / 2**(stages-1), W / 2**(stages-1))
         x = self.pool(x).flatten(1)  # (B, widths[-1])
         return self.head(x)  # (B, num_classes) raw logits: the loss applies log-softmax itself
 
@@ -136,8 +114,8 @@ class ResNetSmall(ResNet):
 
 
 class ResNet9(ResNet):
-    """ResNet-9 style, as in the fast CIFAR-10 recipes: a 64-wide stem, then one BasicBlock at
-    each of widths 128, 256 and 512 (4,829,258 parameters with 10 classes)."""
+    """ResNet-9 style, as in the fast CIFAR-10 recipes: a 64-wide stem, then one BasicBlock of each of widths
+    128, 256 and 512 (4.8 M parameters)."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, checkpoint_stages: bool = False) -> None:
         super().__init__(num_classes, in_channels, (128, 256, 512), (1, 1, 1), 64, checkpoint_stages)
@@ -147,15 +125,11 @@ class ResNet18(ResNet):
     """The ResNet-18 layout, widths 64-512, two blocks a stage (11 M parameters)."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, checkpoint_stages: bool = False) -> None:
-        super().__init__(
-            num_classes, in_channels, (64, 128, 256, 512), (2, 2, 2, 2), checkpoint_stages=checkpoint_stages
-        )
+        super().__init__(num_classes, in_channels, (64, 128, 256, 512), (2, 2, 2, 2), None, checkpoint_stages)
 
 
 class ResNet34(ResNet):
     """The ResNet-34 layout, widths 64-512, blocks 3-4-6-3 (21 M parameters)."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, checkpoint_stages: bool = False) -> None:
-        super().__init__(
-            num_classes, in_channels, (64, 128, 256, 512), (3, 4, 6, 3), checkpoint_stages=checkpoint_stages
-        )
+        super().__init__(num_classes, in_channels, (64, 128, 256, 512), (3, 4, 6, 3), None, checkpoint_stages)

@@ -1,13 +1,12 @@
 """Telling a network the data's class count and channels, where it takes them, and checking it fits.
 
-A network from YAML is any ``nn.Module`` class or function that builds one (``template.nets.ResNet18``,
-``torchvision.models.resnet18``, ``torchvision.models.ResNet``...). Its ``num_classes`` and
-``in_channels`` come from the data when its signature has them (``num_classes`` also when it passes
-``**kwargs`` on, as torchvision's builders do), over any value in the config; a network whose input
-or output does not fit the data (torchvision's fixed three channels on grey images, say) is an
-error before training that names both.
+A network from YAML is any ``nn.Module`` class or builder (``template.nets.ResNet18``,
+``torchvision.models.resnet18``...). It gets the data's ``num_classes`` and ``in_channels`` where its signature
+takes them (``num_classes`` also through ``**kwargs``, as torchvision's builders pass it on); one whose input or
+output does not fit the data is an error before training that names both.
 """
 
+import contextlib
 import inspect
 import pkgutil
 from typing import Any
@@ -27,9 +26,8 @@ def takes(target: Any, name: str) -> bool:
 
 
 def network_arguments(class_path: str, init_args: dict, num_classes: int, in_channels: int) -> dict:
-    """``init_args`` with the data's class count and channels added where the network takes them."""
+    """``init_args`` with the data's class count and channels where the network takes them, over the config's."""
     target = pkgutil.resolve_name(class_path)
-    # The data's values win over any in the config (where the parser has put the network's defaults).
     data = {"num_classes": num_classes, "in_channels": in_channels}
     return {**init_args, **{key: value for key, value in data.items() if takes(target, key)}}
 
@@ -37,13 +35,13 @@ def network_arguments(class_path: str, init_args: dict, num_classes: int, in_cha
 def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:
     """Run two blank images of the data's shape through ``net``: its output must be (2, num_classes)."""
     training = net.training
-    net.eval()  # BatchNorm statistics untouched
     try:
         with torch.no_grad():
-            output = net(torch.zeros(2, *input_shape))
+            output = net.eval()(torch.zeros(2, *input_shape))  # eval: BatchNorm statistics untouched
     except RuntimeError as error:
         advice = "Choose a network that takes in_channels, or data with the channels it expects (data.channels)"
-        if takes_larger(net, input_shape):  # the channels are right: the images are too small for its pooling
+        with torch.no_grad(), contextlib.suppress(RuntimeError):  # the channels fit: the images are too small
+            net(torch.zeros(1, input_shape[0], 224, 224))
             advice = (
                 f"It takes larger images of these channels: {input_shape[1]}x{input_shape[2]} pixels are pooled away "
                 "before its head. Use larger images (data.image_size) or a network that downsamples less"
@@ -60,13 +58,3 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
             f"the network {type(net).__name__} gives outputs of shape {shape} for 2 images, not [2, {num_classes}] "
             f"(one logit per class of the data); give it num_classes, or a head with {num_classes} outputs"
         )
-
-
-def takes_larger(net: nn.Module, input_shape: tuple[int, int, int], side: int = 224) -> bool:
-    """Whether ``net`` runs on images of the same channels at ``side`` x ``side`` pixels."""
-    try:
-        with torch.no_grad():
-            net(torch.zeros(1, input_shape[0], side, side))
-    except RuntimeError:
-        return False
-    return True

@@ -5,11 +5,9 @@
         class_path: template.nets.timm_net
         init_args: {name: resnet18.a1_in1k, pretrained: true, drop_path_rate: 0.05}
 
-The weights come from where timm keeps them: the Hugging Face cache (``timm/<name>.<tag>``, found without
-a network, as with ``HF_HUB_OFFLINE=1``), the torch hub cache for weights timm still serves by URL, or
-``pretrained_file`` (the top-level ``--weights_file`` sets it). They are read as tensors (safetensors, or
-``torch.load(weights_only=True)``) and handed to timm, which adapts them to the network: a new classifier
-for another class count, the first convolution summed for grey images, its own key mapping.
+The weights come from the Hugging Face cache (found without a network), the torch hub cache, or
+``pretrained_file`` (``--weights_file``), read as tensors and handed to timm, which adapts them to the
+network (a new classifier, the first convolution summed for grey images, its own key mapping).
 """
 
 import os
@@ -20,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-INSTALL = "timm is not installed: pip install -e '.[timm]' (the dev extra has it too)"
 # Options that name a file or weights to load: only through `pretrained` and `pretrained_file`.
 REFUSED = re.compile(
     r"pretrained|checkpoint|cache|file|path|dir|url|hub|num_classes|in_chans|features|pruned|kwargs", re.I
@@ -31,7 +28,7 @@ def import_timm() -> Any:
     try:
         import timm
     except ImportError:
-        raise ImportError(INSTALL) from None
+        raise ImportError("timm is not installed: pip install -e '.[timm]' (the dev extra has it too)") from None
     return timm
 
 
@@ -47,10 +44,8 @@ def checked(name: str) -> Any:
 def pretrained_config(name: str) -> Any:
     """timm's record of how ``name``'s weights were trained (mean, std, input size, crop fraction...)."""
     timm = checked(name)
-    architecture = timm.models.split_model_name_tag(name)[0]
-    config = timm.get_pretrained_cfg(name)
-    if config is None:
-        tags = timm.list_pretrained(f"{architecture}.*")
+    if (config := timm.get_pretrained_cfg(name)) is None:
+        tags = timm.list_pretrained(f"{timm.models.split_model_name_tag(name)[0]}.*")
         raise ValueError(f"timm has no pretrained weights {name!r}; it has {', '.join(tags) or 'none for it'}")
     return config
 
@@ -69,10 +64,10 @@ def weights_location(config: Any) -> Path:
                 return Path(found)
         looked.append(f"{config.hf_hub_id} in the Hugging Face cache {cache}")
     if config.url:
-        path = Path(torch.hub.get_dir()) / "checkpoints" / Path(config.url).name
-        if path.is_file():
-            from template.checkpoints import check_hub_file
+        from template.checkpoints import check_hub_file
+        from template.nets.pretrained import hub_file
 
+        if (path := hub_file(config.url)).is_file():
             return check_hub_file(path, config.url)
         looked.append(f"{path.name} in {path.parent}")
     get = f"`hf download {config.hf_hub_id}` on a machine online, then copy the cache" if config.hf_hub_id else "it"
@@ -114,19 +109,24 @@ def timm_net(
     settings = {"num_classes": num_classes, "in_chans": in_channels, "drop_rate": drop_rate, **options}
     if config is None:
         return create(timm, name, pretrained=False, **settings)
-    from template.checkpoints import (  # files are read there, not by the network's code
-        read_weights,
-        strip_prefixes,
-        weights_limit,
-    )
+    from template.checkpoints import match_keys, read_weights, weights_limit
 
-    with torch.device("meta"):  # what the weights must be, before any is read
+    with torch.device("meta"):  # what the weights must be, before any file is read (there, not here)
         expected = create(timm, name, pretrained=False, **settings)
     path = Path(pretrained_file) if pretrained_file else weights_location(config)
-    state_dict = read_weights(path, weights_limit(expected))
-    if any(key.startswith("net.") for key in state_dict):  # a checkpoint of this template's
-        state_dict = strip_prefixes(state_dict, "net.")
-    check_weights(state_dict, expected, config, path, settings)
+    state_dict, missing, _, mismatched = match_keys(expected, read_weights(path, weights_limit(expected)))
+    # timm loads leniently for a new head: every other tensor must be there, with its shape, or the file is
+    # another network's and the rest would stay untrained. timm adapts the classifier to another class count
+    # and sums the first convolution over other channels.
+    adapted = as_tuple(config.classifier) * (num_classes != config.num_classes)
+    adapted += as_tuple(config.first_conv) * (in_channels != config.input_size[0])
+    adapted = tuple(f"{prefix}." for prefix in adapted)
+    missing = [key for key in missing if not key.endswith("num_batches_tracked")]  # timm's files hold none
+    if wrong := [key for key in missing + mismatched if not key.startswith(adapted)]:
+        raise ValueError(
+            f"{path} is not the weights of timm {config.architecture}: {len(wrong)} of its tensors differ "
+            f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); give that network's weights"
+        )
     overlay = {"state_dict": state_dict, "source": None}
     net = create(timm, name, pretrained=True, pretrained_cfg_overlay=overlay, **settings)
     net.pretrained_cfg = {key: value for key, value in net.pretrained_cfg.items() if key != "state_dict"}
@@ -140,28 +140,6 @@ def create(timm: Any, name: str, **settings: Any) -> nn.Module:
         return timm.create_model(name, **settings)
     except (KeyError, AssertionError, TypeError, RuntimeError) as error:
         raise ValueError(f"timm {name} cannot be built with {settings}: {type(error).__name__}: {error}") from None
-
-
-def check_weights(state_dict: dict, expected: nn.Module, config: Any, path: Path, settings: dict) -> None:
-    """Every tensor of the network must be in the weights with its shape, but the classifier's (a new one for
-    another class count) and the first convolution's (timm sums it for other channels): else they are another
-    network's, and timm, loading leniently for a new head, would leave the rest of the network untrained."""
-    adapted = as_tuple(config.classifier) * (settings["num_classes"] != config.num_classes)
-    adapted += as_tuple(config.first_conv) * (settings["in_chans"] != config.input_size[0])
-    adapted = tuple(f"{prefix}." for prefix in adapted)
-    wrong = []
-    for key, tensor in expected.state_dict().items():
-        if key.startswith(adapted) or key.endswith("num_batches_tracked"):
-            continue
-        if key not in state_dict:
-            wrong.append(f"{key} (missing)")
-        elif tuple(state_dict[key].shape) != tuple(tensor.shape):
-            wrong.append(f"{key} {tuple(state_dict[key].shape)}, not {tuple(tensor.shape)}")
-    if wrong:
-        raise ValueError(
-            f"{path} is not the weights of timm {config.architecture}: {len(wrong)} of its tensors differ "
-            f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); give that network's weights"
-        )
 
 
 def as_tuple(value: Any) -> tuple:
