@@ -26,15 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
         usage=f"{PROGRAM} cv --folds K [fit options]",
         description="k-fold cross-validation; every other option is a fit option (--config ...).",
     )
-    parser.add_argument("--folds", type=int, required=True, help="number of folds, at least 2")
+    parser.add_argument("--folds", type=fits.at_least(2), required=True, help="number of folds, at least 2")
     return parser
 
 
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
-    if options.folds < 2:
-        parser.error(f"--folds {options.folds}: at least 2")
     blame = f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, Swap the data)"
     config = fits.checked_config(fit_args, [f"--data.init_args.folds={options.folds}"], blame)
     runs_dir, name = fits.runs_place(config)

@@ -1,6 +1,7 @@
 """Many fits from one command (``template sweep``, ``template cv``): each an ordinary ``template fit``
 run, in a run directory of its own, with its config.yaml, env.json and checkpoints."""
 
+import argparse
 import contextlib
 import io
 import sys
@@ -20,6 +21,17 @@ class Fit:
     score: float | None  # the monitored validation metric of the best checkpoint
     run_dir: str
     best_checkpoint: str
+
+
+def at_least(least: int):
+    """An argparse type: a whole number, ``least`` or more."""
+
+    def number(text: str) -> int:
+        if int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text}: at least {least}")
+        return int(text)
+
+    return number
 
 
 def resolved_config(fit_args: list[str]) -> dict:

@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A hyper-parameter search on Optuna; every other option is a fit option (--config ...).",
     )
     parser.add_argument("--space", required=True, help="YAML: fit option -> {type: float|int|categorical, ...}")
-    parser.add_argument("--n_trials", type=int, required=True, help="trials to finish, over all workers")
+    parser.add_argument("--n_trials", type=fits.at_least(1), required=True, help="trials to finish, over all workers")
     parser.add_argument("--study_name", help="default: the --space file's name")
     parser.add_argument("--storage", help="an Optuna database URL; default: sqlite:///<runs folder>/optuna.db")
     parser.add_argument("--n_startup_trials", type=int, default=5, help="trials never pruned (MedianPruner)")
@@ -315,8 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: list[str]) -> None:
     parser = build_parser()
     options, fit_args = parser.parse_known_args(args)
-    if options.n_trials < 1:
-        parser.error(f"--n_trials {options.n_trials}: at least 1")
     space = read_space(options.space)
     options.study_name = options.study_name or Path(options.space).stem
     if not STUDY_NAME.fullmatch(options.study_name):
