@@ -65,11 +65,18 @@ _registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder)
 _built: dict[str, tuple[str, Any]] = {}
 
 
-def register(obj: Any) -> Any:
+def register(obj: Any = None, *, kind: str | None = None, name: str | None = None) -> Any:
     """Let checkpoints name ``obj`` (a class, or a function that builds a network): ``@register`` on it, or
-    ``register(MyNet)`` where it is defined."""
-    kind = next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
-    _registered[f"{obj.__module__}.{obj.__qualname__}"] = (kind, obj)
+    ``register(MyNet)`` where it is defined. ``kind`` (net, module, data, optimizer or scheduler) is read from a
+    class; a function builds a net unless told. ``name``: one more name, e.g. the old path of a moved class."""
+    if obj is None:
+        return lambda target: register(target, kind=kind, name=name)
+    kind = kind or next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
+    if kind not in KINDS:
+        raise ValueError(f"register: kind={kind!r} is not one of {', '.join(KINDS)}")
+    for each in (name, f"{obj.__module__}.{obj.__qualname__}"):
+        if each:
+            _registered[each] = (kind, obj)
     return obj
 
 
@@ -461,7 +468,7 @@ def read_yaml(path: str | Path) -> Any:
             if depth > MAX_YAML_DEPTH:
                 raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
         return yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+    except (OSError, ValueError, yaml.YAMLError) as error:  # ValueError: a date or a number Python cannot hold
         raise DamagedCheckpointError(f"refusing {path}: {str(error).splitlines()[0]}") from None
 
 

@@ -14,6 +14,7 @@ import torch
 import yaml
 from conftest import tiny_args, write_image_folder
 
+from template import restore
 from template.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -267,6 +268,11 @@ def test_a_yaml_alias_bomb_in_a_runs_config_is_refused_at_once(trained, tmp_path
     with pytest.raises(SystemExit):
         enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
     assert "nested deeper than" in capsys.readouterr().err
+    for value in ("9" * 5000, "2001-02-30"):  # parsed, then refused by Python's int and date
+        (run_dir / "config.yaml").write_text(f"seed_everything: {value}\n")
+        with pytest.raises(SystemExit):
+            enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+        assert f"refusing {run_dir / 'config.yaml'}: " in capsys.readouterr().err
 
 
 def test_a_module_of_your_own_is_named_again_or_registered(trained, tmp_path, monkeypatch, capsys):
@@ -285,6 +291,24 @@ def test_a_module_of_your_own_is_named_again_or_registered(trained, tmp_path, mo
     path = doctor(trained, tmp_path, {"_class_path": "mine.Other"})  # registered where it is defined
     assert type(ClassificationModule.load_from_checkpoint(path)).__name__ == "ClassificationModule"
     sys.modules.pop("mine", None)
+
+
+def test_register_takes_a_kind_for_a_builder_and_an_old_name_for_a_moved_class(monkeypatch):
+    monkeypatch.setattr(restore, "_registered", {})
+
+    @restore.register(name="old_package.nets.Moved")
+    class Moved(torch.nn.Linear):
+        pass
+
+    def sgd(params, lr: float = 0.1) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr)
+
+    restore.register(sgd, kind="optimizer")
+    found = restore.registry()
+    assert found["old_package.nets.Moved"] == found[f"{Moved.__module__}.{Moved.__qualname__}"] == ("net", Moved)
+    assert found[f"{sgd.__module__}.{sgd.__qualname__}"] == ("optimizer", sgd)
+    with pytest.raises(ValueError, match="kind='optimiser' is not one of"):
+        restore.register(sgd, kind="optimiser")
 
 
 def test_the_checkpoints_the_template_writes_pass_every_check(trained):

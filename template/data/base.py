@@ -314,6 +314,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
             rank = self.trainer.global_rank if self.trainer is not None else 0
             sampler = self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
             if self._resume_state:  # restored from a checkpoint before this loader existed
+                if self._resume_state["samples_consumed"] > len(sampler):
+                    raise ValueError(
+                        f"the checkpoint's train_sampler state is past the epoch's {len(sampler)} samples "
+                        f"({self._resume_state}): it was saved with other data or is damaged"
+                    )
                 sampler.set_epoch(self._resume_state["epoch"])
                 sampler.skip = sampler.consumed = self._resume_state["samples_consumed"]
                 self._resume_state = None
@@ -342,7 +347,16 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self._resume_state = state.get("train_sampler")
+        resume = state.get("train_sampler")
+        if resume is not None and not (
+            isinstance(resume, dict)
+            and all(type(resume.get(key)) is int and resume[key] >= 0 for key in ("epoch", "samples_consumed"))
+        ):
+            raise ValueError(
+                f"the checkpoint's train_sampler state {str(resume)[:200]} is damaged: it needs "
+                "epoch and samples_consumed, whole numbers from 0"
+            )
+        self._resume_state = resume
         if "preprocessing" in state:
             self.use_preprocessing(state["preprocessing"])
 

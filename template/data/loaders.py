@@ -16,6 +16,8 @@ class TensorImageDataset(TensorDataset):
     """In-memory images and labels; ``__getitems__`` fetches a whole batch in one indexing op."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if len(images) != len(labels):  # TensorDataset's own check is an assert, without the counts
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
         super().__init__(images, labels)
         self.images, self.labels = images, labels
 

@@ -94,15 +94,18 @@ class ResNet(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The last stage's feature map, before pooling and the head (as timm's ``forward_features``)."""
         x = self.stem(x)  # (B, stem_width, H, W)
         for stage in self.stages:
             if self.checkpoint_stages and torch.is_grad_enabled():
                 x = checkpoint(stage, x, use_reentrant=False)
             else:
                 x = stage(x)
-        # x: (B, widths[-1], H / 2**(stages-1), W / 2**(stages-1))
-        x = self.pool(x).flatten(1)  # (B, widths[-1])
+        return x  # (B, widths[-1], H / 2**(stages-1), W / 2**(stages-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.forward_features(x)).flatten(1)  # (B, widths[-1])
         return self.head(x)  # (B, num_classes) raw logits: the loss applies log-softmax itself
 
 

@@ -36,8 +36,9 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
     """Run two blank images of the data's shape through ``net``: its output must be (2, num_classes)."""
     training = net.training
     try:
+        net.eval()  # BatchNorm statistics untouched (and a train() override may not return the module)
         with torch.no_grad():
-            output = net.eval()(torch.zeros(2, *input_shape))  # eval: BatchNorm statistics untouched
+            output = net(torch.zeros(2, *input_shape))
     except RuntimeError as error:
         advice = "Choose a network that takes in_channels, or data with the channels it expects (data.channels)"
         with torch.no_grad(), contextlib.suppress(RuntimeError):  # the channels fit: the images are too small

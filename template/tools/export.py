@@ -43,8 +43,9 @@ def export_safetensors(
     path.write_bytes(save({k: v.contiguous() for k, v in net.state_dict().items()}, metadata=metadata))
     fresh = build(spec)  # the safetensors file must load into a network built anew
     fresh.load_state_dict(load_file(str(path)))
+    fresh.eval()
     with safe_open(str(path), "pt") as file:
-        return fresh.eval(), file.metadata()
+        return fresh, file.metadata()
 
 
 def export_torchscript(
@@ -92,7 +93,8 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
         )
     if "weights" in spec["init_args"]:  # no pretrained weights: the checkpoint holds all of its own
         spec = {**spec, "init_args": {**spec["init_args"], "weights": None}}
-    net = build(spec).eval()
+    net = build(spec)
+    net.eval()  # a train() override may not return the module
     load_weights(net, read_checkpoint(ckpt_path), strict=True)  # its tensors, checked against their digest
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")

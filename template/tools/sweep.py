@@ -285,8 +285,12 @@ def one_process(config: dict) -> list[str]:
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if devices in ("auto", -1, "-1"):
         return ["--trainer.devices=1"]
-    text = str(devices).strip(",")  # "0,1": device indices; "0,": device 0
-    count = len(devices) if isinstance(devices, list) else len(text.split(",")) if "," in text else int(text)
+    if isinstance(devices, list):
+        count = len(devices)
+    elif isinstance(devices, str) and "," in devices:  # "0,1": device indices; "2,": device 2
+        count = len([index for index in devices.split(",") if index.strip()])
+    else:
+        count = int(devices)
     if count > 1 or nodes > 1:
         raise ValueError(
             f"a sweep trial runs on one device (trainer.devices={devices}, num_nodes={nodes} asks for more): start a "

@@ -151,3 +151,21 @@ def test_each_policy_runs_on_one_channel_8x8_digits(augmentation):
     assert not torch.equal(images, data.on_after_batch_transfer(batch, 0)[0])
     mixed = "mixup_alpha" in augmentation or "cutmix_alpha" in augmentation
     assert labels.shape == ((32, 10) if mixed else (32,))
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [{"epoch": "3", "samples_consumed": 0}, {"epoch": 1}, {"epoch": 1, "samples_consumed": -5}, [1, 2]],
+    ids=["epoch-text", "no-samples", "negative", "not-a-record"],
+)
+def test_a_damaged_training_order_in_a_checkpoint_is_named(sampler):
+    with pytest.raises(ValueError, match="train_sampler state .* is damaged"):
+        DigitsDataModule().load_state_dict({"train_sampler": sampler})
+
+
+def test_a_training_order_past_the_epoch_is_refused_before_a_silent_empty_epoch():
+    data = DigitsDataModule(batch_size=32)
+    data.load_state_dict({"train_sampler": {"epoch": 0, "samples_consumed": 10**9}})
+    data.setup("fit")
+    with pytest.raises(ValueError, match="past the epoch's .* samples"):
+        data.train_dataloader()

@@ -35,6 +35,14 @@ def test_preset_layouts_match_the_papers():
     assert sum(p.numel() for p in ResNet18(num_classes=10).parameters()) == pytest.approx(11.17e6, rel=0.01)
 
 
+def test_forward_features_is_the_map_the_head_pools():
+    net = ResNetSmall(num_classes=10, in_channels=3).eval()
+    images = torch.randn(2, 3, 16, 16)
+    features = net.forward_features(images)
+    assert features.shape == (2, 128, 4, 4)  # two halvings after the first stage
+    assert torch.allclose(net(images), net.head(features.mean((2, 3))), atol=1e-6)
+
+
 def test_shortcut_projects_only_when_shape_changes():
     assert isinstance(BasicBlock(16, 16).shortcut, nn.Identity)
     for block in (BasicBlock(16, 32), BasicBlock(16, 16, stride=2)):

@@ -38,6 +38,17 @@ def test_a_network_that_does_not_fit_the_data_is_named_before_training():
     assert torch.equal(net[1].running_mean, before) and net.training  # nothing changed by the check
 
 
+class TrainReturnsNothing(nn.Sequential):
+    def train(self, mode: bool = True) -> None:  # as many detection backbones write it: no `return self`
+        super().train(mode)
+
+
+def test_a_network_whose_train_returns_nothing_is_checked_as_any_other():
+    net = TrainReturnsNothing(nn.Flatten(), nn.BatchNorm1d(64), nn.Linear(64, 10))
+    check_fits(net, (1, 8, 8), 10)
+    assert net.training
+
+
 def test_torchvision_networks_on_grey_digits_fail_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:

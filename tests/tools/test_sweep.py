@@ -130,6 +130,7 @@ def test_a_search_space_that_is_not_one_says_which_entry_and_why(tmp_path):
 def test_a_trial_is_one_process_and_more_devices_are_refused_naming_the_way_to_use_them():
     assert one_process({"trainer": {"devices": "auto", "num_nodes": 1}}) == ["--trainer.devices=1"]
     assert one_process({"trainer": {"devices": 1, "num_nodes": 1}}) == []
+    assert one_process({"trainer": {"devices": "2,", "num_nodes": 1}}) == []  # Lightning's "GPU 2", one device
     for devices, nodes in [(2, 1), ("0,1", 1), ([0, 1], 1), (1, 2)]:
         with pytest.raises(ValueError, match="a worker per GPU"):
             one_process({"trainer": {"devices": devices, "num_nodes": nodes}})
