@@ -39,9 +39,12 @@ def fingerprint(files: list[Path], settings: dict) -> str:
 
 @contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
-    """A temporary path to write, renamed to ``path`` when the block ends without an error."""
+    """A temporary path to write, renamed to ``path`` when the block ends without an error: a link planted at
+    ``path`` or at the temporary's name is replaced, never written through."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
     try:
+        temporary.unlink(missing_ok=True)
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
         yield temporary
         with open(temporary, "rb+") as file:
             os.fsync(file.fileno())  # on disk before the rename, which is what makes it trusted

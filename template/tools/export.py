@@ -24,6 +24,7 @@ from template.checkpoints import (
     read_checkpoint,
 )
 from template.cli import PROGRAM
+from template.data.cache import replaced_atomically
 from template.module import ClassificationModule
 from template.restore import build, restore
 from template.runs import DEFAULT_RUNS_DIR
@@ -119,22 +120,25 @@ def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, to
         metadata["preprocessing"] = json.dumps(preprocessing)
     path.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, *hparams["input_shape"])
-    if fmt == "safetensors":
-        exported, carried = export_safetensors(net, path, spec, list(hparams["input_shape"]), metadata)
-    elif fmt == "torchscript":
-        exported, carried = export_torchscript(net, path, example, metadata)
-    else:
-        exported, carried = export_onnx(net, path, example, metadata)
-    if lost := [key for key, value in metadata.items() if carried.get(key) != value]:
-        raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
-    # Parity on a fresh batch of another size than the example (dynamic batch dimension).
-    batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        difference = (exported(batch).float() - net(batch).float()).abs().max().item()
+    with replaced_atomically(path) as written:  # checked before it takes the name: a failed export leaves no file
+        if fmt == "safetensors":
+            exported, carried = export_safetensors(net, written, spec, list(hparams["input_shape"]), metadata)
+        elif fmt == "torchscript":
+            exported, carried = export_torchscript(net, written, example, metadata)
+        else:
+            exported, carried = export_onnx(net, written, example, metadata)
+        if lost := [key for key, value in metadata.items() if carried.get(key) != value]:
+            raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
+        # Parity on a fresh batch of another size than the example (dynamic batch dimension).
+        batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            difference = (exported(batch).float() - net(batch).float()).abs().max().item()
+        print(
+            f"parity: max |exported - original| = {difference:.3g} on a batch of {len(batch)} (tolerance {tolerance:g})"
+        )
+        if not difference <= tolerance:
+            raise RuntimeError(f"the {fmt} export differs from the original by {difference:.3g} > {tolerance:g}")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
-    print(f"parity: max |exported - original| = {difference:.3g} on a batch of {len(batch)} (tolerance {tolerance:g})")
-    if not difference <= tolerance:
-        raise RuntimeError(f"the {fmt} export differs from the original by {difference:.3g} > {tolerance:g}")
     return path
 
 

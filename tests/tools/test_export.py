@@ -79,9 +79,25 @@ def test_safetensors_file_loads_into_a_fresh_network(checkpoint, tmp_path):
     assert json.loads(metadata["preprocessing"]) == recorded_preprocessing(load_checkpoint(checkpoint))
 
 
-def test_a_parity_failure_fails_the_export(checkpoint, tmp_path):
+def test_a_parity_failure_fails_the_export_and_leaves_no_file(checkpoint, tmp_path):
     with pytest.raises(RuntimeError, match="differs from the original by"):
         export(checkpoint, "torchscript", tmp_path / "net.pt", tolerance=-1.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_link_planted_at_the_output_is_replaced_not_written_through(checkpoint, tmp_path, fmt):
+    # A stranger's run directory with a link where the export goes (its default place: beside the checkpoint).
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim, temporary_victim = outside / "victim", outside / "temporary-victim"
+    victim.write_text("keep"), temporary_victim.write_text("keep")
+    path = tmp_path / f"run{FORMATS[fmt]}"
+    path.symlink_to(victim)
+    path.with_name(f".{path.name}.{os.getpid()}.tmp").symlink_to(temporary_victim)  # and at its temporary's name
+    export(checkpoint, fmt, path)
+    assert victim.read_text() == "keep" and temporary_victim.read_text() == "keep"
+    assert path.is_file() and not path.is_symlink()
 
 
 def test_export_refuses_doctored_checkpoints_and_runs_none_of_their_code(checkpoint, tmp_path, capsys):
