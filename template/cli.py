@@ -22,7 +22,6 @@ from template.callbacks import (
 from template.callbacks.run_record import run_directory
 from template.checkpoints import (
     AtomicCheckpointIO,
-    CheckpointError,
     load_pretrained,
 )
 from template.data import ImageDataModule
@@ -82,10 +81,9 @@ class ClassificationCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path:
-            try:  # read as data, before anything it names is imported: template.restore
-                self.restored = for_command(ckpt_path, self.config[subcommand], self.model_class, subcommand, args)
-            except (CheckpointError, FileNotFoundError) as error:
-                parser.error(str(error))
+            # Read as data, before anything it names is imported (template.restore); a refusal is the file's, not
+            # the options': it ends as any bad input does (template.commands), status 1 and no usage line.
+            self.restored = for_command(ckpt_path, self.config[subcommand], self.model_class, subcommand, args)
             # JSON (YAML whose strings are always quoted): a class named "1e3" stays a string.
             args = options.with_record(args, subcommand, json.dumps(self.restored.config))
             super().parse_arguments(parser, args)

@@ -19,7 +19,7 @@ from template.checkpoints import (
     load_checkpoint,
     load_weights,
 )
-from template.cli import cli
+from template.commands import main
 from template.nets import ResNetSmall
 
 WRITER = """
@@ -171,8 +171,8 @@ def test_predict_refuses_a_checkpoint_that_would_run_code(tmp_path, capsys, monk
     path, marker = doctored_checkpoint(tmp_path)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        cli(["predict", "--ckpt_path", str(path)])
-    assert exit_info.value.code == 2
+        main(["predict", "--ckpt_path", str(path)])
+    assert exit_info.value.code == 1
     error = capsys.readouterr().err
     assert "refusing to load" in error and "system" in error and "Nothing from it was run" in error
     with pytest.raises(UnsafeCheckpointError):

@@ -68,9 +68,10 @@ def test_network_swapped_from_yaml_alone(run_cli, tmp_path, recwarn):
 
 def test_ckpt_path_alias_without_runs_is_a_clear_error(run_cli, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run_cli("test", "--ckpt_path", "best")
-    assert exit_info.value.code != 0
-    assert "no run with checkpoints/last.ckpt under" in capsys.readouterr().err
+        main(["test", *run_cli.tiny_args, "--ckpt_path", "best"])
+    assert exit_info.value.code == 1  # bad input, as README says: one message, no usage line
+    error = capsys.readouterr().err
+    assert "no run with checkpoints/last.ckpt under" in error and "usage:" not in error
 
 
 def test_a_profiler_plugs_in_from_the_command_line(tmp_path):
@@ -189,8 +190,8 @@ def test_a_checkpoint_whose_datamodule_cannot_be_imported_is_refused_naming_it(r
     moved = tmp_path / "moved.ckpt"
     torch.save(checkpoint, moved)
     with pytest.raises(SystemExit) as exit_info:  # not in the registry: never imported
-        run_cli("validate", "--ckpt_path", str(moved))
-    assert exit_info.value.code == 2
+        main(["validate", *run_cli.tiny_args, "--ckpt_path", str(moved)])
+    assert exit_info.value.code == 1
     error = capsys.readouterr().err
     assert (
         "datamodule_hyper_parameters._class_path is 'somewhere.gone.SomeDataModule', which is no registered data"

@@ -359,9 +359,9 @@ def test_a_plain_state_dict_or_malformed_checkpoint_is_named_as_such(trained, tm
     named = {"weights.pt": "not a Lightning checkpoint", "malformed.ckpt": "its callbacks is a list",
              "stateless.ckpt": "without a state_dict"}  # fmt: skip
     for path, says in named.items():
-        with pytest.raises(SystemExit):
-            cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
-        assert says in capsys.readouterr().err
+        with pytest.raises(SystemExit) as exit_info:
+            main(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
+        assert exit_info.value.code == 1 and says in capsys.readouterr().err
 
 
 def test_a_legacy_format_checkpoint_of_plain_values_is_not_refused(trained, tmp_path):
