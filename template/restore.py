@@ -399,7 +399,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         if rank_zero_only.rank == 0:
             print(f"--ckpt_path {ckpt_path} -> {found}")
         ckpt_path = found
-    if not Path(ckpt_path).is_file():
+    if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
     own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}
