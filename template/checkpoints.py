@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import pickle
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,19 @@ def remove_stale_temporaries(directory: Path) -> None:
 
 
 def check_checkpoint_is_safe(path: str | Path) -> None:
-    """Refuse a checkpoint that needs arbitrary pickled objects, without unpickling anything from it."""
+    """Refuse a checkpoint that needs arbitrary pickled objects, without unpickling anything from it; and first, a
+    file torch.save did not write (whose bytes the unpickler would misread as objects), named for what it is."""
+    if (what := not_torch_saved(Path(path))) is not None:
+        give = "the .ckpt of the run it came from (exported files are for deployment)"
+        if what == "a directory":
+            found = sorted(
+                str(p) for where in ("", "checkpoints/", "*/checkpoints/") for p in Path(path).glob(f"{where}*.ckpt")
+            )
+            give = f"one of its checkpoints ({', '.join(found[:3])})" if found else "a .ckpt file"
+        raise CheckpointError(
+            f"{path} is not a Lightning checkpoint (.ckpt written by fit) nor any torch.save file: it is {what}; "
+            f"give {give}, or --ckpt_path best / last: the latest run's"
+        )
     try:
         unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception:  # not a zip checkpoint: torch's legacy format, or no torch.save file at all
@@ -110,6 +123,25 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
             "unpickling them can run any code the file's author chose. Nothing from it was run. Load only "
             "checkpoints you trust, and share weights as a state_dict of tensors or as safetensors."
         )
+
+
+def not_torch_saved(path: Path) -> str | None:
+    """What ``path`` is, if torch.save did not write it; None for a zip (its format) or a pickle (its legacy one)."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(9)
+            names = zipfile.ZipFile(file).namelist() if zipfile.is_zipfile(file) else []
+    except IsADirectoryError:
+        return "a directory"
+    except OSError:  # unreadable: said by the reading itself
+        return None
+    if head[8:] == b"{":  # an 8-byte header length, then JSON
+        return "a safetensors file"
+    if any(name.endswith("/constants.pkl") for name in names):
+        return "a TorchScript archive"
+    if names and not any(name.rpartition("/")[2] == "data.pkl" for name in names):
+        return "a zip archive"
+    return None if head.startswith((b"PK", b"\x80")) else "no file torch.save wrote"
 
 
 # What a Lightning checkpoint holds at its top level, with the type each entry must have.

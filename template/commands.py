@@ -2,6 +2,7 @@
 and what a user sees when something goes wrong."""
 
 import importlib
+import os
 import sys
 
 import torch
@@ -20,6 +21,8 @@ from template.cli import (  # one name a line: a renamed project's longer packag
 def main(args: list[str] | None = None) -> None:
     """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
+    if args is None and not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the console script finds your modules here (--model my_module.X), as -m does
     try:
         if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
             return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])

@@ -61,6 +61,9 @@ MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
          "optimizer": torch.optim.Optimizer,
          "scheduler": (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)}  # fmt: skip
+# The option that names a class of each kind: where users name their own code again (every command takes them).
+OWN_OPTIONS = {"module": "--model", "data": "--data", "net": "--model.net"}
+OWN_OPTIONS |= {"optimizer": "--model.optimizer", "scheduler": "--model.lr_scheduler"}
 _registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder), added by register()
 _built: dict[str, tuple[str, Any]] = {}
 
@@ -128,9 +131,8 @@ def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
         obj = pkgutil.resolve_name(name)
         found = registry().get(name) or (kind if not isinstance(obj, type) or issubclass(obj, KINDS[kind]) else "", obj)
     if found is None:
-        option = {"module": "--model", "data": "--data", "net": "--model.net", "optimizer": "--model.optimizer"}
         refuse(source, key, name, f"which is no registered {kind} (template.restore.register); if it is your own "
-               f"code, name it again: {option.get(kind, '--model.lr_scheduler')} {name}")  # fmt: skip
+               f"code, name it again: {OWN_OPTIONS[kind]} {name}")  # fmt: skip
     if found[0] != kind:
         refuse(source, key, name, f"a {found[0] or 'class of another kind'}, where a {kind} belongs")
     return found[1]
@@ -399,7 +401,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         if rank_zero_only.rank == 0:
             print(f"--ckpt_path {ckpt_path} -> {found}")
         ckpt_path = found
-    if not Path(ckpt_path).is_file():
+    if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
     own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}

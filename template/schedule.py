@@ -1,5 +1,5 @@
-"""The recipe's optimisation: warmup-cosine and warmup-linear schedules, the interval a scheduler steps at,
-the parameter groups and the optimizer built from them."""
+"""The recipe's optimisation: warmup-cosine and warmup-linear schedules, the interval a scheduler steps at and its
+plan held to the run's length, the parameter groups and the optimizer built from them."""
 
 import inspect
 import math
@@ -7,7 +7,7 @@ import pkgutil
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CyclicLR, LRScheduler
@@ -124,6 +124,43 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
 def interval_of(scheduler: Any) -> str:
     """The unit a scheduler's arguments count: ``step`` (``total_steps``, CyclicLR's) or ``epoch`` (StepLR's...)."""
     return "step" if hasattr(scheduler, "total_steps") or isinstance(scheduler, CyclicLR) else "epoch"
+
+
+# What a scheduler plans, in the unit it steps at: the run's whole length, or steps the run should reach.
+PLANNED_LENGTHS, PLANNED_STEPS = ("total_steps", "T_max"), ("step_size", "milestones", "total_iters")
+
+
+def check_plan(trainer: Any) -> None:
+    """Hold each scheduler's plan to the run it steps through (optimizer steps or epochs, by its interval), before
+    training: ``total_steps`` short of the run is an error (the rest would train at the schedule's end, its floor;
+    OneCycleLR fails there); a plan the run does not play out as written, a warning (``max_steps`` may stop a
+    longer plan early on purpose). A run of no set length (``max_epochs`` -1) is not checked."""
+    for config in trainer.lr_scheduler_configs:
+        step = config.interval == "step"
+        run = trainer.estimated_stepping_batches if step else trainer.max_epochs
+        if run is None or not 0 < run < math.inf:
+            continue
+        run, unit = int(run) // config.frequency, "optimizer steps" if step else "epochs"
+        for name in (*PLANNED_LENGTHS, *PLANNED_STEPS):
+            value = getattr(config.scheduler, name, None)
+            value = sorted(value) if isinstance(value, Iterable) else value  # MultiStepLR's milestones: a Counter
+            planned = max(value, default=0) if isinstance(value, list) else value
+            if type(planned) is not int:
+                continue
+            said = f"model.lr_scheduler.init_args.{name}={value} {unit}, but this run has {run}"
+            if name == "total_steps" and planned < run:
+                raise ValueError(
+                    f"{said}: its last {run - planned} would train at the schedule's end (its floor; OneCycleLR stops "
+                    f"with an error there). Leave total_steps out: the schedule then plans over the run's own {run} "
+                    "(resumed, a schedule other than warmup-cosine keeps its first plan: keep the run's length)"
+                )
+            if planned > run or (planned == run and name in PLANNED_STEPS):
+                rank_zero_warn(
+                    f"{said}: the run ends before the schedule reaches {planned}, so what it plans there never "
+                    f"happens (fine if max_steps is to stop a longer plan early; else fit it to the run's {run})"
+                )
+            elif planned < run and name in PLANNED_LENGTHS:  # T_max: the cosine rises again after its floor
+                rank_zero_warn(f"{said}: the schedule reaches its end at {planned}, then climbs; set it to {run}")
 
 
 def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:

@@ -1,5 +1,7 @@
 """Ordinary customisations give what the user asked for: no silent wrong result, no hint that leads nowhere."""
 
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,6 +92,38 @@ def test_a_source_without_a_test_split_says_so_in_its_init(run_cli, capsys, monk
     summary = capsys.readouterr().out
     assert "best checkpoint" in summary and "test it, once" not in summary
     sys.modules.pop("no_test", None)
+
+
+@pytest.mark.slow
+def test_the_console_script_finds_your_module_in_the_working_directory_as_python_m_does(tmp_path):
+    """`template fit --model my_module.F1Module` ended in "No module named 'my_module'" (a console script's sys.path
+    holds its own folder, not the working directory), and so did the summary's test command and the advice to name
+    the module again; `export` refused the module with advice (--model) it did not take."""
+    (tmp_path / "my_module.py").write_text(
+        "from template.module import ClassificationModule\n\n\nclass F1Module(ClassificationModule):\n    pass\n"
+    )
+    quick = [
+        *tiny_args(tmp_path / "runs"),
+        *QUICK,
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.limit_test_batches",
+        "1",
+    ]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [str(Path(sys.executable).parent / "template"), *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    fit = run("fit", "--model", "my_module.F1Module", *quick)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    summary_says = shlex.split(re.search(r"test it, once: +(.*)", fit.stdout).group(1))
+    assert summary_says[:2] == ["template", "test"]
+    export = ["export", "--ckpt_path", summary_says[-1], "--format", "safetensors", "--output", "net.safetensors"]
+    for command, done in ((summary_says[1:] + quick, "test/acc"), (export, "parity")):
+        advice = re.search(r"name it again: (--model \S+);", run(*command).stderr).group(1)  # not registered
+        named_again = run(*command, *advice.split())
+        assert named_again.returncode == 0 and done in named_again.stdout, named_again.stderr[-3000:]
 
 
 def test_fast_dev_run_says_it_wrote_nothing(run_cli, capsys):

@@ -9,7 +9,9 @@ import time
 import warnings
 from pathlib import Path
 
+import onnx
 import pytest
+import safetensors.torch
 import torch
 import yaml
 from conftest import tiny_args, write_image_folder
@@ -362,6 +364,38 @@ def test_a_plain_state_dict_or_malformed_checkpoint_is_named_as_such(trained, tm
         with pytest.raises(SystemExit) as exit_info:
             main(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / path)])
         assert exit_info.value.code == 1 and says in capsys.readouterr().err
+
+
+def test_what_is_no_checkpoint_is_named_for_what_it_is_by_every_entry_point(trained, tmp_path, capsys, monkeypatch):
+    """An export, a config or a run directory as --ckpt_path read as "needs arbitrary pickled objects (Weights)",
+    torch's weights_only advice or "no such file"; each is named for what it is, with what to give instead."""
+    run_dir = trained.parents[1]
+    torch.jit.script(torch.nn.Linear(2, 2)).save(tmp_path / "net.torchscript.pt")
+    safetensors.torch.save_file({"weight": torch.zeros(2)}, tmp_path / "net.safetensors")
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "net", [], [])), tmp_path / "net.onnx")
+    export = "give the .ckpt of the run it came from (exported files are for deployment), or --ckpt_path best"
+    named = {
+        run_dir: f"it is a directory; give one of its checkpoints ({run_dir / 'checkpoints' / 'best-epoch000.ckpt'}, ",
+        tmp_path / "net.torchscript.pt": f"it is a TorchScript archive; {export}",
+        tmp_path / "net.safetensors": f"it is a safetensors file; {export}",
+        tmp_path / "net.onnx": f"it is no file torch.save wrote; {export}",
+        run_dir / "config.yaml": f"it is no file torch.save wrote; {export}",
+    }
+    monkeypatch.chdir(tmp_path)
+    for path, says in named.items():
+        said = f"{path} is not a Lightning checkpoint (.ckpt written by fit) nor any torch.save file: {says}"
+        for entry in ("test", "export"):
+            with pytest.raises(SystemExit):
+                enter(entry, path, tmp_path)
+            error = capsys.readouterr().err
+            assert said in error and "pickled" not in error and "weights_only" not in error, (entry, error)
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            enter("load_from_checkpoint", path, tmp_path)
+    unsafe = tmp_path / "unsafe.ckpt"  # an attack in torch's legacy format is still refused as one
+    torch.save({"state_dict": {}, "x": Payload(str(tmp_path / "ran"))}, unsafe, _use_new_zipfile_serialization=False)
+    with pytest.raises(UnsafeCheckpointError, match="needs arbitrary pickled objects"):
+        read_checkpoint(unsafe)
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_legacy_format_checkpoint_of_plain_values_is_not_refused(trained, tmp_path):

@@ -1,13 +1,17 @@
-"""Any torch scheduler from YAML: its own arguments, and the run's total steps where it takes them."""
+"""Any torch scheduler from YAML: its own arguments, the run's total steps where it takes them, its plan checked."""
 
 import csv
+import warnings
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from template.schedule import WarmupCosine, build_scheduler
+from template.commands import main
+from template.schedule import WarmupCosine, build_scheduler, check_plan
 
 
 def sgd() -> torch.optim.Optimizer:
@@ -70,3 +74,55 @@ def test_an_epoch_counted_schedule_steps_per_epoch_and_the_summary_shows_where_t
     # The recipe's warmup-cosine is planned in optimizer steps: stepped per batch (warmup over 5% of 12 steps).
     cosine = run_cli("fit", *quick, "--trainer.logger.init_args.name", "cosine")
     assert cosine.trainer.lr_scheduler_configs[0].interval == "step"
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        ["template.schedule.WarmupCosine"],
+        ["torch.optim.lr_scheduler.OneCycleLR", "--model.lr_scheduler.max_lr", "0.01"],
+    ],
+    ids=["WarmupCosine", "OneCycleLR"],
+)
+def test_a_schedule_shorter_than_the_run_is_refused_before_training(run_cli, capsys, scheduler):
+    """8 planned steps of a 12-step run: warmup-cosine trained the last 4 at its floor (LR 0) in silence, OneCycleLR
+    failed mid-run with torch's "Tried to step" text."""
+    quick = ["--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "3"]
+    short = ["--model.lr_scheduler", scheduler[0], *scheduler[1:], "--model.lr_scheduler.total_steps", "8"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *run_cli.tiny_args, *quick, *short])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "Traceback" not in error
+    assert "model.lr_scheduler.init_args.total_steps=8 optimizer steps, but this run has 12" in error
+    assert "Leave total_steps out" in error
+    assert not list(run_cli.runs_dir.glob("*/version_*"))  # refused before anything was trained or kept
+
+
+def plan_warnings(scheduler, interval: str = "epoch", max_epochs: int = 3) -> list[str]:
+    """What ``check_plan`` warns of ``scheduler`` in a run of ``max_epochs`` epochs of 4 optimizer steps each."""
+    config = LRSchedulerConfig(scheduler, interval=interval)
+    trainer = SimpleNamespace(
+        max_epochs=max_epochs, estimated_stepping_batches=4 * max_epochs, lr_scheduler_configs=[config]
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_plan(trainer)
+    return [str(warning.message) for warning in caught]
+
+
+def test_a_schedule_the_run_cannot_play_out_as_written_is_named_in_a_warning():
+    lr = torch.optim.lr_scheduler
+    unfit = {
+        "step_size=3 epochs, but this run has 3": lr.StepLR(sgd(), step_size=3),  # never decays
+        "milestones=[1, 4] epochs, but this run has 3": lr.MultiStepLR(sgd(), milestones=[1, 4]),
+        "T_max=10 epochs, but this run has 3": lr.CosineAnnealingLR(sgd(), T_max=10),  # never reaches its floor
+        "T_max=2 epochs, but this run has 3": lr.CosineAnnealingLR(sgd(), T_max=2),  # climbs again after it
+    }
+    for said, scheduler in unfit.items():
+        assert [message for message in plan_warnings(scheduler) if said in message], said
+    longer = plan_warnings(WarmupCosine(sgd(), total_steps=20), "step")  # legitimate: max_steps stopping it early
+    assert "model.lr_scheduler.init_args.total_steps=20 optimizer steps, but this run has 12" in longer[0]
+    fitting = [lr.StepLR(sgd(), step_size=2), lr.MultiStepLR(sgd(), [1, 2]), lr.CosineAnnealingLR(sgd(), T_max=3)]
+    assert not [warning for scheduler in fitting for warning in plan_warnings(scheduler)]
+    assert not plan_warnings(WarmupCosine(sgd(), total_steps=12), "step")
+    assert not plan_warnings(lr.StepLR(sgd(), step_size=5), max_epochs=-1)  # max_epochs -1: no length to hold it to

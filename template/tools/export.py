@@ -26,7 +26,7 @@ from template.checkpoints import (
 from template.cli import PROGRAM
 from template.data.cache import replaced_atomically
 from template.module import ClassificationModule
-from template.restore import build, restore
+from template.restore import OWN_OPTIONS, build, restore
 from template.runs import DEFAULT_RUNS_DIR
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
@@ -81,11 +81,18 @@ def export_onnx(
     return run, session.get_modelmeta().custom_metadata_map
 
 
-def export(ckpt_path: str | Path, fmt: str, output: str | Path | None = None, tolerance: float = 1e-4) -> Path:
-    """Export the network of a checkpoint; returns the path written. Raises if parity fails."""
+def export(
+    ckpt_path: str | Path,
+    fmt: str,
+    output: str | Path | None = None,
+    tolerance: float = 1e-4,
+    own: set[str] = frozenset(),
+) -> Path:
+    """Export the network of a checkpoint; returns the path written. Raises if parity fails. ``own``: class paths
+    of the user's own code the checkpoint may name (as ``--model`` names them to the other commands)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    restored = restore(ckpt_path, ClassificationModule, None, fit=False)  # names and literals only, nothing run
+    restored = restore(ckpt_path, ClassificationModule, None, fit=False, own=own)  # names and literals: nothing run
     spec, hparams = restored.config.get("model", {}).get("init_args", {}).get("net"), restored.trained
     if not isinstance(spec, dict):
         raise ValueError(
@@ -151,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
     parser.add_argument("--output", help="where to write (default: beside the checkpoint)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed logit difference")
+    for option in OWN_OPTIONS.values():
+        parser.add_argument(option, help="a class of your own the checkpoint names, as fit named it")
     return parser
 
 
@@ -162,7 +171,8 @@ def main(args: list[str]) -> None:
         if ckpt_path in CHECKPOINT_ALIASES:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
             print(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}")
-        export(ckpt_path, options.fmt, options.output, options.tolerance)
+        own = {getattr(options, option[2:]) for option in OWN_OPTIONS.values()} - {None}
+        export(ckpt_path, options.fmt, options.output, options.tolerance, own)
     except (CheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
