@@ -237,7 +237,12 @@ def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path}: {'not a regular file' if path.exists() else 'no such file'}")
-    if path.suffix == ".safetensors":
+    what = not_torch_saved(path)  # by its bytes: a safetensors file may be called weights.bin
+    if what not in (None, "a safetensors file"):
+        raise DamagedCheckpointError(
+            f"{path} is {what}, no weights file: save a state_dict with torch.save or safetensors"
+        )
+    if what == "a safetensors file":
         check_size(path.stat().st_size, limit, path)  # safetensors refuses tensors that do not cover the file exactly
         try:
             state_dict = safetensors.torch.load_file(path)

@@ -174,6 +174,12 @@ def test_weights_file_missing_or_of_another_network_is_refused_before_training(t
     torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
     with pytest.raises(ValueError, match=r"\(ResNet\): 96 not in the network \(layer1.2.bn1.bias"):
         load_pretrained(torchvision.models.resnet18(num_classes=2), tmp_path / "resnet34.pth", "fc")
+    # Told by their bytes, not their names: safetensors weights called .bin load, a config called .pth is named.
+    save_file(ResNetSmall(num_classes=10, in_channels=1).state_dict(), tmp_path / "weights.bin")
+    load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "weights.bin", "head")
+    (tmp_path / "config.pth").write_text("model:\n  lr: 0.1\n")
+    with pytest.raises(DamagedCheckpointError, match="config.pth is no file torch.save wrote, no weights file"):
+        load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "config.pth", "head")
     torch.save({"not": "a state_dict"}, tmp_path / "other.pth")
     with pytest.raises(DamagedCheckpointError, match="holds no state_dict of named tensors"):
         load_pretrained(ResNetSmall(num_classes=10, in_channels=1), tmp_path / "other.pth", "head")
