@@ -9,6 +9,7 @@ come from the user's options; a resumed fit also takes its run's literal Trainer
 """
 
 import collections.abc
+import contextlib
 import enum
 import functools
 import inspect
@@ -338,15 +339,23 @@ def restore(
 
 
 def check_network(spec: dict, checkpoint: dict, source: str) -> None:
-    """The record's network must be the one whose tensors the checkpoint holds: built on the meta device first,
-    its shapes compared with the file's, arguments (a width of 9000) never build something else, however large."""
+    """The record's network must be the one whose tensors the checkpoint holds: built on the meta device first (for
+    real where it cannot be), never past a few modules and tensors per tensor of the file nor twice its values, its
+    shapes compared with the file's: arguments (a width of 9000, 20000 blocks) never build something else."""
     if len(checkpoint["state_dict"]) > MAX_NETWORK_TENSORS:  # each costs time to build, even on the meta device
         refuse(source, "state_dict", f"{len(checkpoint['state_dict']):,} tensors", f"over {MAX_NETWORK_TENSORS:,}")
-    try:
-        with torch.device("meta"):
-            net = build(spec)
-    except Exception:  # a network that cannot be built on the meta device: built for real, and checked then
-        return
+    tensors = checkpoint["state_dict"].values()
+    limits = 4 * len(tensors) + 64, 2 * sum(tensor.numel() for tensor in tensors) + (1 << 20)
+    for device in ("meta", "cpu"):  # on the CPU: a network that reads values as it is built (``.item()``)
+        try:
+            with torch.device(device), at_most(*limits, spec["class_path"], source):
+                net = build(spec)
+            break
+        except Refused:
+            raise
+        except Exception:  # not even for real: built by the command, which says why
+            if device == "cpu":
+                return
     needed, memory = network_bytes(net), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > memory // 2:
         why = f"a network of {needed / 2**30:,.1f} GiB, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
@@ -357,6 +366,29 @@ def check_network(spec: dict, checkpoint: dict, source: str) -> None:
         differ = sorted(key for key in set(expected) | set(stored) if expected.get(key) != stored.get(key))
         refuse(source, "hyper_parameters.net", spec["class_path"], f"whose arguments do not describe the checkpoint's "
                f"own tensors ({len(differ)} differ, e.g. {differ[0]})")  # fmt: skip
+
+
+@contextlib.contextmanager
+def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterator[None]:
+    """Stop a network's build once it registers more than ``modules`` modules and tensors, or ``values`` values."""
+    seen = [0, 0]
+
+    def count(module: nn.Module, attribute: str, value: Any) -> None:
+        seen[0] += 1
+        seen[1] += value.numel() if isinstance(value, torch.Tensor) else 0
+        if seen[0] > modules or seen[1] > values:
+            why = (
+                f"which builds over {modules:,} modules and tensors or {values:,} values, far more than the file holds"
+            )
+            refuse(source, "hyper_parameters.net", name, why)
+
+    kinds = ("module", "parameter", "buffer")
+    handles = [getattr(torch.nn.modules.module, f"register_module_{kind}_registration_hook")(count) for kind in kinds]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def build(spec: dict) -> Any:

@@ -537,3 +537,27 @@ def test_a_checkpoint_that_would_allocate_what_it_never_held_is_refused(trained,
     monkeypatch.setattr(os, "sysconf", lambda name: 1 << (6 if name == "SC_PHYS_PAGES" else 12))  # 256 KiB of memory
     with pytest.raises((SystemExit, CheckpointError)):
         enter(entry, trained, tmp_path)
+
+
+def test_a_network_record_of_many_or_large_layers_is_refused_before_it_is_built(trained, tmp_path, monkeypatch):
+    """Sizes each within bounds still describe twenty thousand blocks (a minute and gigabytes to build, even on the meta
+    device), or, for a network that cannot be built on the meta device and so is built for real, a layer of gigabytes.
+    Either build stops once it holds far more than the checkpoint's tensors do."""
+    monkeypatch.setattr(restore, "_registered", dict(restore._registered))
+
+    def reading(width: int, blocks: int) -> torch.nn.Module:
+        torch.ones(1).item()  # reads a value: not on the meta device
+        return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(blocks)])
+
+    restore.register(reading, name="reading")
+    records = [
+        ("template.nets.ResNet", {"widths": [1, 1, 1, 1], "blocks_per_stage": [5000] * 4}),
+        ("reading", {"width": 1, "blocks": 60_000}),
+        ("reading", {"width": 8192, "blocks": 1}),
+    ]
+    for name, init_args in records:
+        path = doctor(trained, tmp_path, {"net": {"class_path": name, "init_args": init_args}})
+        started = time.perf_counter()
+        with pytest.raises(UnsafeCheckpointError, match=re.escape(f"refusing {path}: its hyper_parameters.net is")):
+            restore.restore(path, ClassificationModule, None, fit=False)
+        assert time.perf_counter() - started < 10, (name, init_args)
