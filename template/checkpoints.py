@@ -1,6 +1,7 @@
 """Checkpoints that survive a killed process, load without running code, are found by name, and
 say what data and run they came from."""
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -21,6 +22,12 @@ from torch import nn
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
 MAX_TENSORS = 100_000  # in a whole checkpoint (the biggest real networks' hold a few thousand, states included)
+MAX_DEPTH = 32  # how deep a checkpoint's values nest (Lightning's loops, the deepest, go 9 levels)
+# Whole numbers in a checkpoint are counts, indices and seeds (numpy's and sklearn's stop below 2**32): from 0, or in
+# a record of arguments (a schedule's last_epoch=-1), from -2**32.
+MAX_COUNT, RECORDS = 1 << 32, ("/hyper_parameters/", "/datamodule_hyper_parameters/")
+# Checked by template.restore against the registry and the network, and changed by the user's options: not compared.
+OWN_CHECKS = {"state_dict", "hyper_parameters", "datamodule_hyper_parameters"}
 
 
 class CheckpointError(RuntimeError):
@@ -172,7 +179,7 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
         if tensors or "mmap" not in str(error):
             raise DamagedCheckpointError(f"{path} is not a readable checkpoint: {error}") from None
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # legacy format: no mmap
-    check_tensors(checkpoint, str(path))
+    check_values(checkpoint, str(path))
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         return checkpoint
     for key, kind in LAYOUT.items():
@@ -184,6 +191,7 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
         raise DamagedCheckpointError(f"{path} is malformed: a Lightning checkpoint without a state_dict (no weights)")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["state_dict"].items()):
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
+    check_finite(checkpoint["state_dict"], path)
     if tensors:
         verify_digest(checkpoint, str(path))
     return checkpoint
@@ -257,9 +265,16 @@ def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
                 "or safetensors.torch.save_file"
             )
         check_size(sum(tensor.numel() * tensor.element_size() for tensor in state_dict.values()), limit, path)
-    if broken := [key for key, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]:
-        raise DamagedCheckpointError(f"{path} holds NaN or infinite values in {len(broken)} tensors ({broken[0]}...)")
+    check_finite(state_dict, path)
     return state_dict
+
+
+def check_finite(state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
+    if broken := [key for key, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]:
+        raise DamagedCheckpointError(
+            f"refusing {source}: its {broken[0]} holds NaN or infinite values ({len(broken)} of {len(state_dict)} "
+            "tensors are not finite): a run that diverged, or a damaged file; use an earlier checkpoint"
+        )
 
 
 def check_size(declared: int, limit: int, path: Path) -> None:
@@ -280,17 +295,28 @@ def weights_limit(net: nn.Module) -> int:
     return 4 * network_bytes(net) + (64 << 20)
 
 
-def check_tensors(value: Any, source: str) -> None:
-    """Refuse more than MAX_TENSORS tensors, and any that claims more elements than its file stores (``expand``'s
-    zero strides, a sparse layout): a few bytes would become gigabytes when copied, hashed or loaded."""
-    for count, (name, tensor) in enumerate(_tensors(value), 1):
-        if count > MAX_TENSORS:
-            raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
-        stored = tensor.untyped_storage().nbytes() if tensor.layout == torch.strided else 0
-        if tensor.numel() * tensor.element_size() > stored:
+def check_values(value: Any, source: str) -> None:
+    """Refuse what would cost more than its bytes or break what reads it: values nested past MAX_DEPTH, more than
+    MAX_TENSORS tensors, one that claims more values than its file stores (``expand``'s zero strides, a sparse
+    layout: a few bytes would become gigabytes when copied, hashed or loaded), a whole number no count, index or seed
+    is (RECORDS)."""
+    count, lightning = 0, isinstance(value, dict) and "pytorch-lightning_version" in value  # others' numbers unread
+    for key, item in _leaves(value, source):
+        if isinstance(item, torch.Tensor):
+            count += 1
+            if count > MAX_TENSORS:
+                raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
+            stored = item.untyped_storage().nbytes() if item.layout == torch.strided else 0
+            if item.numel() * item.element_size() > stored:
+                raise DamagedCheckpointError(
+                    f"refusing {source}: its tensor {spoken(key) or 'at the top'} {tuple(item.shape)} claims more "
+                    "values than the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
+                )
+        elif lightning and type(item) is int and not (-MAX_COUNT if key.startswith(RECORDS) else 0) <= item < MAX_COUNT:
+            low = "-2**32" if key.startswith(RECORDS) else "0"
             raise DamagedCheckpointError(
-                f"refusing {source}: its tensor {name or 'at the top'} {tuple(tensor.shape)} claims more values than "
-                "the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
+                f"refusing {source}: its {spoken(key)} is {item}, no count, index or seed (from {low}, below 2**32): "
+                "damaged or made up; use another checkpoint"
             )
 
 
@@ -353,22 +379,32 @@ def monitored_score(path: Path) -> tuple[bool, float]:
     return False, 0.0
 
 
-def _tensors(value: Any, key: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        yield key, value
-    elif isinstance(value, dict):
+def _leaves(value: Any, source: str = "a checkpoint", key: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Each value in ``value`` that is no dict, list or tuple, with its key (``/loops/fit_loop``, ``[0]``)."""
+    if depth > MAX_DEPTH:
+        raise DamagedCheckpointError(
+            f"refusing {source}: its {spoken(key)} lies over {MAX_DEPTH} levels deep, where no state does"
+        )
+    if isinstance(value, dict):
         for name, item in value.items():
             if not (key == "" and name == INTEGRITY_KEY):
-                yield from _tensors(item, f"{key}/{name}")
+                yield from _leaves(item, source, f"{key}/{name}", depth + 1)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            yield from _tensors(item, f"{key}[{index}]")
+            yield from _leaves(item, source, f"{key}[{index}]", depth + 1)
+    else:
+        yield key, value
+
+
+def spoken(key: str) -> str:
+    return key.lstrip("/").replace("/", ".")
 
 
 def tensor_digest(checkpoint: dict) -> str:
     """SHA-256 of every tensor in ``checkpoint``: name, dtype, shape and bytes, in name order."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(_tensors(checkpoint), key=lambda item: item[0]):
+    tensors = ((name, value) for name, value in _leaves(checkpoint) if isinstance(value, torch.Tensor))
+    for name, tensor in sorted(tensors, key=lambda item: item[0]):
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
         if tensor.numel():  # the values' bytes in row-major order, whatever the dtype (bfloat16 has no numpy one)
             tensor = tensor.detach().cpu()
@@ -391,6 +427,45 @@ def verify_digest(checkpoint: dict, source: str) -> None:
             f"{source} is damaged: its tensors differ from the digest written with them (bit rot, a truncated "
             "or altered copy). Use another checkpoint, such as last.ckpt or an earlier best-*.ckpt."
         )
+
+
+def check_like(value: Any, like: Any, source: str, key: str = "") -> None:
+    """Refuse a checkpoint's state (``value``) that is not of the kinds this run keeps (``like``, what it would save
+    now; OWN_CHECKS left out): a number where it keeps one (an int for a float), a tensor of its dtype, as many items
+    as it has (unless it has none yet, or only tensors: a state per GPU), the same kind of anything else; where it
+    keeps None, anything."""
+    if isinstance(like, dict) and isinstance(value, dict):
+        for name in [name for name in value if name in like and (key or name not in OWN_CHECKS)]:
+            check_like(value[name], like[name], source, f"{key}.{name}" if key else str(name))
+    elif isinstance(like, list | tuple) and isinstance(value, list | tuple):
+        if like and len(value) != len(like) and not all(isinstance(item, torch.Tensor) for item in like):
+            raise DamagedCheckpointError(
+                f"refusing {source}: its {key} holds {len(value)} items, where this run keeps {len(like)}: saved "
+                "by another program or damaged; use another checkpoint"
+            )
+        for index, (item, model) in enumerate(zip(value, like)):
+            check_like(item, model, source, f"{key}[{index}]")
+    elif not (like is None or type(value) is type(like) or (type(like), type(value)) == (float, int)) or (
+        isinstance(like, torch.Tensor) and value.dtype != like.dtype
+    ):
+        kind = f"tensor of {like.dtype}" if isinstance(like, torch.Tensor) else f"value of type {type(like).__name__}"
+        raise DamagedCheckpointError(
+            f"refusing {source}: its {key} is {value!r:.80}, where this run keeps a {kind}: saved by another program "
+            "or damaged; use another checkpoint"
+        )
+
+
+@contextlib.contextmanager
+def restoring(source: Any, what: str = "its state") -> Iterator[None]:
+    """An error raised while ``what`` of checkpoint ``source`` is restored, as a CheckpointError naming the file."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(
+            f"refusing {source}: {what} could not be restored ({type(error).__name__}: {error})"
+        ) from error
 
 
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from template.checkpoints import CheckpointError
 from template.cli import (  # one name a line: a renamed project's longer package name fits
     EXTRA_COMMANDS,
     PROGRAM,
@@ -46,7 +47,7 @@ def main(args: list[str] | None = None) -> None:
 def explain(error: BaseException) -> str:
     """What went wrong, in the words of the error that started it: jsonargparse wraps an error raised
     while building the DataModule or model (a missing folder, say) in its own, with the first as cause."""
-    while error.__cause__ is not None:
+    while error.__cause__ is not None and not isinstance(error, CheckpointError):  # which says which file
         error = error.__cause__
     message = str(error) or type(error).__name__
     if isinstance(error, PermissionError | NotADirectoryError):

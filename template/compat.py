@@ -9,7 +9,10 @@ from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch import nn
+
+from template.checkpoints import check_like, restoring
 
 
 def logged_params(params: Any) -> dict[str, Any]:
@@ -32,3 +35,23 @@ def kill_launched(trainer: L.Trainer, signal: int) -> None:
 def is_compiled(net: nn.Module) -> bool:
     """Whether ``nn.Module.compile`` already compiled ``net`` in place."""
     return getattr(net, "_compiled_call_impl", None) is not None
+
+
+class _NamingRestore(_CheckpointConnector):
+    """Lightning's restore of a checkpoint, an error in it named as the file's; its training state first checked to be
+    of the kinds this run keeps (what it would save now), before the loops, optimizers and schedules take it."""
+
+    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+        with restoring(checkpoint_path):
+            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
+
+    def restore_training_state(self) -> None:
+        with restoring(self._ckpt_path):
+            if self._loaded_checkpoint:
+                check_like(self._loaded_checkpoint, self.dump_checkpoint(weights_only=False), str(self._ckpt_path))
+            super().restore_training_state()
+
+
+def name_restore_errors(trainer: L.Trainer) -> None:
+    """Restore checkpoints into ``trainer`` as ``_NamingRestore`` does."""
+    trainer._checkpoint_connector = _NamingRestore(trainer)

@@ -65,6 +65,8 @@ KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.M
 # The option that names a class of each kind: where users name their own code again (every command takes them).
 OWN_OPTIONS = {"module": "--model", "data": "--data", "net": "--model.net"}
 OWN_OPTIONS |= {"optimizer": "--model.optimizer", "scheduler": "--model.lr_scheduler"}
+# The kinds' base classes: abstract in all but name (forward, step or get_lr left to the classes that extend them).
+BASES = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
 _registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder), added by register()
 _built: dict[str, tuple[str, Any]] = {}
 
@@ -100,7 +102,7 @@ def registry() -> dict[str, tuple[str, Any]]:
         for module in modules:  # their classes, and functions that build a network (resnet18, template.nets.timm_net)
             for attribute, obj in vars(module).items():
                 kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
-                if kind and not attribute.startswith("_") and not inspect.isabstract(obj):
+                if kind and not attribute.startswith("_") and not inspect.isabstract(obj) and obj not in BASES:
                     entry = (kind, obj)
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
     return {**_built, **_registered}
@@ -360,12 +362,20 @@ def check_network(spec: dict, checkpoint: dict, source: str) -> None:
     if needed > memory // 2:
         why = f"a network of {needed / 2**30:,.1f} GiB, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
         refuse(source, "hyper_parameters.net", spec["class_path"], why)
-    expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
-    stored = {key: tuple(value.shape) for key, value in strip_prefixes(checkpoint["state_dict"], "net.").items()}
+    expected, stored = described(net.state_dict()), described(strip_prefixes(checkpoint["state_dict"], "net."))
     if expected != stored:
         differ = sorted(key for key in set(expected) | set(stored) if expected.get(key) != stored.get(key))
-        refuse(source, "hyper_parameters.net", spec["class_path"], f"whose arguments do not describe the checkpoint's "
-               f"own tensors ({len(differ)} differ, e.g. {differ[0]})")  # fmt: skip
+        example = f"{differ[0]}: {stored.get(differ[0])} in the file, {expected.get(differ[0])} in the network"
+        why = f"whose arguments do not describe the checkpoint's own tensors ({len(differ)} differ, e.g. {example})"
+        refuse(source, "hyper_parameters.net", spec["class_path"], why)
+
+
+def described(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each tensor's kind and shape (``float (10, 128)``): a float16 weight is a float's, an int64 or complex one not."""
+    return {
+        key: f"{'float' if tensor.is_floating_point() else str(tensor.dtype)[6:]} {tuple(tensor.shape)}"
+        for key, tensor in state_dict.items()
+    }
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from template.checkpoints import (
     AtomicCheckpointIO,
     UnsafeCheckpointError,
     check_checkpoint_is_safe,
+    check_like,
     load_checkpoint,
     load_weights,
 )
@@ -207,3 +208,10 @@ def test_load_weights_strips_wrapper_prefixes_and_names_mismatches(tmp_path, cap
 def test_load_checkpoint_reads_lightning_checkpoints(tmp_path):
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"net.w": torch.ones(2)}, "epoch": 3}, tmp_path / "a.ckpt")
     assert load_checkpoint(tmp_path / "a.ckpt")["epoch"] == 3
+
+
+def test_a_resume_on_another_count_of_gpus_and_a_weights_file_of_other_tools_are_not_refused(tmp_path):
+    state = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state: one a visible device
+    check_like({"rng_states": {"cuda": [state]}}, {"rng_states": {"cuda": [state, state]}}, "last.ckpt")
+    torch.save({"state_dict": {"w": torch.ones(2)}, "best_epoch": -1}, tmp_path / "timm.pth")  # not Lightning's
+    assert load_checkpoint(tmp_path / "timm.pth")["best_epoch"] == -1

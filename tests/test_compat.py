@@ -5,9 +5,17 @@ import signal
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 
-from template.compat import at_last_batch, is_compiled, kill_launched, logged_params
+from template.checkpoints import CheckpointError
+from template.compat import (
+    at_last_batch,
+    is_compiled,
+    kill_launched,
+    logged_params,
+    name_restore_errors,
+)
 from template.data import DigitsDataModule
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
@@ -16,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "template"
 # A private name of Lightning or torch: imported (`from lightning... import _x`), or reached as an attribute
 # of one of their objects (`trainer.fit_loop`, `._compiled_call_impl`, `._version`...).
 PRIVATE = re.compile(
-    r"from (lightning|torch)[\w.]* import [^#\n]*\b_[a-z]|\.(fit_loop|batch_progress|launcher)\b|\._(compiled_call_impl|version)\b"
+    r"from (lightning|torch)[\w.]* import [^#\n]*\b_[a-z]|\.(fit_loop|batch_progress|launcher)\b|\._(compiled_call_impl|version|checkpoint_connector)\b"
 )
 
 
@@ -27,7 +35,7 @@ def test_no_private_lightning_or_torch_name_outside_the_compat_module():
     assert not found, "\n".join(found)
 
 
-def test_each_internal_still_does_what_the_project_needs(monkeypatch):
+def test_each_internal_still_does_what_the_project_needs(monkeypatch, tmp_path):
     seen = {}
 
     class Probe(L.Callback):
@@ -42,6 +50,13 @@ def test_each_internal_still_does_what_the_project_needs(monkeypatch):
                         enable_checkpointing=False, enable_progress_bar=False, callbacks=[Probe()])  # fmt: skip
     trainer.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule())
     assert seen == {"train": [False, False, True], "val": [False, True]}
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=True)
+    checkpoint["loops"].pop("validate_loop")
+    torch.save(checkpoint, tmp_path / "a.ckpt")
+    name_restore_errors(trainer)
+    with pytest.raises(CheckpointError, match=f"refusing {tmp_path / 'a.ckpt'}: its state could not be restored"):
+        trainer.validate(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule(), ckpt_path=tmp_path / "a.ckpt")
     killed = []
     monkeypatch.setattr(
         trainer.strategy, "_launcher", type("Launcher", (), {"kill": lambda self, s: killed.append(s)})()

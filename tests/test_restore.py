@@ -561,3 +561,111 @@ def test_a_network_record_of_many_or_large_layers_is_refused_before_it_is_built(
         with pytest.raises(UnsafeCheckpointError, match=re.escape(f"refusing {path}: its hyper_parameters.net is")):
             restore.restore(path, ClassificationModule, None, fit=False)
         assert time.perf_counter() - started < 10, (name, init_args)
+
+
+def progress(checkpoint: dict) -> dict:
+    return checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def weights_as(checkpoint: dict, dtype: torch.dtype) -> None:
+    checkpoint["state_dict"]["net.head.weight"] = checkpoint["state_dict"]["net.head.weight"].to(dtype)
+
+
+# Damage to what Lightning restores: the entry point, what the one refusal names, the change.
+STATE_ATTACKS = {
+    "a schedule's counter of another type": (
+        "fit",
+        "lr_schedulers[0].last_epoch",
+        lambda c: c["lr_schedulers"][0].update(last_epoch="x"),
+    ),
+    "a schedule longer than any run": (
+        "fit",
+        "lr_schedulers[0].total_steps",
+        lambda c: c["lr_schedulers"][0].update(total_steps=10**18),
+    ),
+    "a learning rate of another type": (
+        "fit",
+        "optimizer_states[0].param_groups[0].lr",
+        lambda c: c["optimizer_states"][0]["param_groups"][0].update(lr="x"),
+    ),
+    "no optimizer state": ("fit", "optimizer_states", lambda c: c.update(optimizer_states=[])),
+    "a loop counter of another type": (
+        "fit",
+        "loops.fit_loop.epoch_progress.current.completed",
+        lambda c: progress(c).update(completed="x"),
+    ),
+    "a negative loop counter": (
+        "fit",
+        "loops.fit_loop.epoch_progress.current.completed",
+        lambda c: progress(c).update(completed=-3),
+    ),
+    "an epoch beyond any run": ("fit", "epoch", lambda c: c.update(epoch=10**18)),
+    "a negative step": ("fit", "global_step", lambda c: c.update(global_step=-7)),
+    "random states of another kind": (
+        "fit",
+        "rng_states.python",
+        lambda c: c.update(rng_states={"python": [1, 2], "numpy": "x", "torch": 3}),
+    ),
+    "a random state of another size": (
+        "fit",
+        "rng_states",
+        lambda c: c["rng_states"].update(torch=torch.zeros(3, dtype=torch.uint8)),
+    ),
+    "a sampler epoch past any seed": (
+        "fit",
+        "DigitsDataModule.train_sampler.epoch",
+        lambda c: c["DigitsDataModule"]["train_sampler"].update(epoch=10**30),
+    ),
+    "a split seed past any seed": (
+        "validate",
+        "datamodule_hyper_parameters.split_seed",
+        lambda c: c["datamodule_hyper_parameters"].update(split_seed=10**40),
+    ),
+    "state nested thousands deep": ("fit", "callbacks.Deep[0][0]", lambda c: c["callbacks"].update(Deep=nested(5000))),
+    "a schedule's abstract base class": (
+        "fit",
+        "hyper_parameters.lr_scheduler.class_path",
+        lambda c: c["hyper_parameters"].update(lr_scheduler={"class_path": "torch.optim.lr_scheduler.LRScheduler"}),
+    ),
+    "loops Lightning cannot restore": ("fit", "KeyError: 'fit_loop'", lambda c: c["loops"].pop("fit_loop")),
+    "NaN weights": (
+        "validate",
+        "net.head.weight",
+        lambda c: c["state_dict"]["net.head.weight"].fill_(float("nan")),
+    ),
+    "complex weights": ("validate", "head.weight", lambda c: weights_as(c, torch.complex64)),
+    "whole-number weights": ("validate", "head.weight", lambda c: weights_as(c, torch.int64)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", STATE_ATTACKS)
+def test_damaged_state_is_refused_in_one_line_naming_the_file_and_key(trained, tmp_path, monkeypatch, capsys, attack):
+    """What Lightning restores (loops, optimizer, schedule and random states, the data's, the weights) must be what this
+    run keeps: values of its kinds, counts in range, finite weights; an error Lightning raises restoring it names the
+    file. Never a traceback, a run that trains on silently, or NaN scores."""
+    entry, named, change = STATE_ATTACKS[attack]
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    change(checkpoint)
+    path = tmp_path / "damaged.ckpt"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)  # pickling the deepest
+    try:
+        torch.save(checkpoint, path)
+    finally:
+        sys.setrecursionlimit(limit)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        enter(entry, path, tmp_path)
+    said = capsys.readouterr().err
+    refusals = [line for line in said.splitlines() if f"refusing {path}: " in line]
+    assert exit_info.value.code != 0 and "Traceback" not in said
+    assert len(refusals) == 1 and named in refusals[0], said

@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from template.checkpoints import restoring
 from template.compat import at_last_batch, kill_launched
 
 RNG_KEY = "rng_states"
@@ -59,13 +60,14 @@ class ResumeState(Callback):
         if (states := self._pending) is None:
             return
         self._pending = None
-        python = states["python"]
-        random.setstate((python[0], tuple(python[1]), python[2]))
-        name, keys, position, has_gauss, cached = states["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
-        torch.set_rng_state(states["torch"])
-        if "cuda" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["cuda"])
+        with restoring(trainer.ckpt_path, f"its {RNG_KEY}"):
+            python = states["python"]
+            random.setstate((python[0], tuple(python[1]), python[2]))
+            name, keys, position, has_gauss, cached = states["numpy"]
+            np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+            torch.set_rng_state(states["torch"])
+            if "cuda" in states and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(states["cuda"])
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_watching()
