@@ -51,6 +51,10 @@ LINKED = ("num_classes", "class_names", "input_shape")
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
            "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
            "val_check_interval", "limit_train_batches", "limit_val_batches")  # fmt: skip
+# Of their numbers and the seed, the least each takes where it is not 0 (-1: no end), all below 2**32; of precisions,
+# those the recipe trains in (its batches are float32: not 64-bit, nor transformer-engine's).
+LEAST = {"max_epochs": -1, "max_steps": -1, "accumulate_grad_batches": 1, "check_val_every_n_epoch": 1}
+PRECISIONS = (None, "32-true", "32", 32, "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", 16, "bf16")
 DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the DataModule (left out of a first parse)
 # Arguments that load pretrained weights (weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
@@ -485,13 +489,20 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
 
 
 def resumed_settings(path: Path) -> dict:
-    """The Trainer settings (``RESUMED``) and the seed a run's config.yaml records, each a literal of its type."""
+    """The Trainer settings (``RESUMED``) and the seed a run's config.yaml records, literals of their types and ranges."""
     config = read_yaml(path)
     trainer, seed = (config.get("trainer"), config.get("seed_everything")) if isinstance(config, dict) else (None, None)
     settings: dict[str, Any] = {"seed_everything": seed} if type(seed) in (int, bool) else {}
     if isinstance(trainer, dict):
         taken = {name: trainer[name] for name in RESUMED if name in trainer}
         settings["trainer"] = arguments(L.Trainer, taken, "trainer", str(path), set())
+    given = {"seed_everything": seed, **{f"trainer.{name}": v for name, v in settings.get("trainer", {}).items()}}
+    for key, value in given.items():
+        least = LEAST.get(key.removeprefix("trainer."), 0)
+        if type(value) in (int, float) and not least <= value < 2**32:
+            refuse(str(path), key, value, f"outside the [{least}, 2**32) a run takes")
+    if given.get("trainer.precision") not in PRECISIONS:
+        refuse(str(path), "trainer.precision", given["trainer.precision"], "which the recipe does not train in")
     return settings
 
 

@@ -669,3 +669,27 @@ def test_damaged_state_is_refused_in_one_line_naming_the_file_and_key(trained, t
     refusals = [line for line in said.splitlines() if f"refusing {path}: " in line]
     assert exit_info.value.code != 0 and "Traceback" not in said
     assert len(refusals) == 1 and named in refusals[0], said
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("seed_everything", -5),
+        ("seed_everything", 10**26),
+        ("trainer.check_val_every_n_epoch", 0),
+        ("trainer.accumulate_grad_batches", 10**21),
+        ("trainer.precision", 64),
+        ("trainer.precision", "transformer-engine"),
+    ],
+)
+def test_a_runs_settings_out_of_range_are_refused_naming_config_yaml(
+    trained, tmp_path, monkeypatch, capsys, key, value
+):
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    plant(config, key, value)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit):
+        enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert f"refusing {run_dir / 'config.yaml'}: its {key} is {value!r}" in capsys.readouterr().err
