@@ -24,7 +24,7 @@ from template.checkpoints import (
     AtomicCheckpointIO,
     load_pretrained,
 )
-from template.compat import name_restore_errors
+from template.compat import name_restore_errors, number_past_every_version
 from template.data import ImageDataModule
 from template.data.base import instantiate_data
 from template.module import ClassificationModule
@@ -147,6 +147,8 @@ class ClassificationCLI(LightningCLI):
             kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), SyncBatchNorm()]
         trainer = super().instantiate_trainer(**kwargs)
         name_restore_errors(trainer)  # an error restoring --ckpt_path names the file
+        for logger in trainer.loggers:
+            number_past_every_version(logger)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not one the user configured
             # In the training thread, not Lightning's AsyncCheckpointIO: ModelCheckpoint deletes the previous best
             # once it has saved the new, and a write still in flight would leave no best checkpoint to a crash.

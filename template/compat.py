@@ -5,10 +5,12 @@ word: ``tests/test_compat.py`` calls every one against the installed versions, a
 when one has moved, and a test greps the package so that no other module reaches for one.
 """
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch import nn
 
@@ -55,3 +57,12 @@ class _NamingRestore(_CheckpointConnector):
 def name_restore_errors(trainer: L.Trainer) -> None:
     """Restore checkpoints into ``trainer`` as ``_NamingRestore`` does."""
     trainer._checkpoint_connector = _NamingRestore(trainer)
+
+
+def number_past_every_version(logger: Any) -> None:
+    """Lightning numbers a new run past the ``version_N`` directories under its name, and misses a name that is no
+    directory (a dangling link, a file), which it then fails to create: the run goes past every such name, never
+    into or through one."""
+    if isinstance(logger, TensorBoardLogger | CSVLogger) and logger._version is None:
+        found = [path.name.split("_")[1] for path in Path(logger.root_dir).glob("version_*")]  # links: not followed
+        logger._version = max((int(number) + 1 for number in found if number.isdigit()), default=0)

@@ -116,7 +116,7 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
         return {}
     try:
         record = json.loads(source.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested past the parser's depth
         raise DamagedCheckpointError(f"{source}, the run's tracker runs, cannot be read: {error}") from None
     if not isinstance(record, dict) or not all(
         isinstance(ids, dict)

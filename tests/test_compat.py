@@ -15,6 +15,7 @@ from template.compat import (
     kill_launched,
     logged_params,
     name_restore_errors,
+    number_past_every_version,
 )
 from template.data import DigitsDataModule
 from template.module import ClassificationModule
@@ -63,6 +64,11 @@ def test_each_internal_still_does_what_the_project_needs(monkeypatch, tmp_path):
     )
     kill_launched(trainer, signal.SIGKILL)
     assert killed == [signal.SIGKILL]
+    (tmp_path / "runs" / "n").mkdir(parents=True)
+    (tmp_path / "runs" / "n" / "version_0").symlink_to(tmp_path / "nowhere")
+    logger = L.pytorch.loggers.TensorBoardLogger(tmp_path / "runs", name="n")
+    number_past_every_version(logger)
+    assert logger.version == 1
     net = torch.nn.Linear(2, 2)
     assert not is_compiled(net)
     net.compile()

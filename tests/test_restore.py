@@ -693,3 +693,11 @@ def test_a_runs_settings_out_of_range_are_refused_naming_config_yaml(
     with pytest.raises(SystemExit):
         enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
     assert f"refusing {run_dir / 'config.yaml'}: its {key} is {value!r}" in capsys.readouterr().err
+
+
+def test_a_dangling_link_where_the_next_version_would_go_is_passed_over(trained, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    (run_dir.parent / "version_1").symlink_to(tmp_path / "nowhere")
+    enter("validate", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert (run_dir.parent / "version_2" / "config.yaml").is_file() and not (tmp_path / "nowhere").exists()

@@ -114,7 +114,8 @@ def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_noth
     continue_tracker_runs([own], run_dir)
     assert own.init_args.id == "mine"
 
-    for damaged in ("{", '{"x": {"run_id": "../../etc"}}', '{"x": {"command": "abc"}}', "[1]"):
+    deep = "[" * 200_000 + "]" * 200_000  # deeper than Python's parser follows
+    for damaged in ("{", '{"x": {"run_id": "../../etc"}}', '{"x": {"command": "abc"}}', "[1]", deep):
         (run_dir / TRACKER_RUNS).write_text(damaged)
         with pytest.raises(DamagedCheckpointError, match=TRACKER_RUNS):
             tracker_runs(run_dir)

@@ -102,7 +102,7 @@ def read_record(path: Path) -> dict:
     """A JSON record of the cache; ValueError names the file when it is not one."""
     try:
         record = json.loads(path.read_text())
-    except (OSError, ValueError) as error:  # a missing file, a cut-off write, bytes that are not text
+    except (OSError, ValueError, RecursionError) as error:  # a missing file, a cut-off write, not text, too deep
         raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
     if not isinstance(record, dict):
         raise ValueError(f"{path} holds a {type(record).__name__}, not a record")

@@ -33,6 +33,11 @@ def record_without_keys(array: Path, record: Path) -> Path:
     return record
 
 
+def record_nested_deep(array: Path, record: Path) -> Path:
+    record.write_text("[" * 200_000 + "]" * 200_000)  # JSON that Python's parser cannot follow to its end
+    return record
+
+
 def array_of_another_shape(array: Path, record: Path) -> Path:
     np.save(array, np.load(array)[:-1])  # one image short of the record
     return array
@@ -44,7 +49,8 @@ def payload_zeroed(array: Path, record: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "damage", [truncated_array, record_not_json, record_without_keys, array_of_another_shape, payload_zeroed]
+    "damage",
+    [truncated_array, record_not_json, record_nested_deep, record_without_keys, array_of_another_shape, payload_zeroed],
 )
 def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(image_folder, tmp_path, damage, capsys):
     expected = build(image_folder, tmp_path).datasets["train"].images.clone()
