@@ -431,14 +431,14 @@ def verify_digest(checkpoint: dict, source: str) -> None:
 
 def check_like(value: Any, like: Any, source: str, key: str = "") -> None:
     """Refuse a checkpoint's state (``value``) that is not of the kinds this run keeps (``like``, what it would save
-    now; OWN_CHECKS left out): a number where it keeps one (an int for a float), a tensor of its dtype, as many items
-    as it has (unless it has none yet, or only tensors: a state per GPU), the same kind of anything else; where it
-    keeps None, anything."""
+    now; OWN_CHECKS left out): a number where it keeps one (an int for a float), a tensor of its dtype, at least as
+    many items as it has (fewer would leave some unrestored; more are a run's later groups, an unfrozen backbone's;
+    only tensors: a state per GPU), the same kind of anything else; where it keeps None, anything."""
     if isinstance(like, dict) and isinstance(value, dict):
         for name in [name for name in value if name in like and (key or name not in OWN_CHECKS)]:
             check_like(value[name], like[name], source, f"{key}.{name}" if key else str(name))
     elif isinstance(like, list | tuple) and isinstance(value, list | tuple):
-        if like and len(value) != len(like) and not all(isinstance(item, torch.Tensor) for item in like):
+        if len(value) < len(like) and not all(isinstance(item, torch.Tensor) for item in like):
             raise DamagedCheckpointError(
                 f"refusing {source}: its {key} holds {len(value)} items, where this run keeps {len(like)}: saved "
                 "by another program or damaged; use another checkpoint"

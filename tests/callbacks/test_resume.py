@@ -161,6 +161,18 @@ def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_c
     assert [epoch for epoch, _ in epoch_rows(run_dir)] == ["0", "1", "2", "3"]
 
 
+def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_every_group(run_cli):
+    # The unfrozen backbone's groups joined the optimizer and the schedule during the run: a checkpoint then holds
+    # more of them than a run just started keeps, and is no damaged one for that.
+    short = ["--trainer.limit_train_batches", "3", "--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    run_cli("fit", "--trainer.max_epochs", "2", *short)
+    resumed = run_cli("fit", "--trainer.max_epochs", "3", *short, "--ckpt_path", "last")
+    assert resumed.trainer.current_epoch == 3
+    names = [group["name"] for group in resumed.trainer.optimizers[0].param_groups]
+    assert names == ["decay", "no_decay", "backbone_decay", "backbone_no_decay"]
+    assert len(resumed.trainer.lr_scheduler_configs[0].scheduler.base_lrs) == 4
+
+
 class Hang(L.Callback):
     """Blocks the last rank forever, as a deadlock would: inside the third training step
     (``in_step``) or at the first epoch's end. It writes its process id to ``blocked`` first."""
