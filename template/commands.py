@@ -23,7 +23,9 @@ def main(args: list[str] | None = None) -> None:
     """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
     if args is None and not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the console script finds your modules here (--model my_module.X), as -m does
+        # Your modules here are found (--model my_module.X), as python -m finds them; last, not first as -m puts
+        # it: a file in a folder you run in (a run directory from elsewhere) never stands in for an installed package.
+        sys.path.append(os.getcwd())
     try:
         if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
             return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])

@@ -102,6 +102,8 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     (tmp_path / "my_module.py").write_text(
         "from template.module import ClassificationModule\n\n\nclass F1Module(ClassificationModule):\n    pass\n"
     )
+    # A file named as an installed package (imported only once training starts) is not taken for it.
+    (tmp_path / "tensorboard.py").write_text("open('planted-module-ran', 'w')\n")
     quick = [
         *tiny_args(tmp_path / "runs"),
         *QUICK,
@@ -117,6 +119,7 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
 
     fit = run("fit", "--model", "my_module.F1Module", *quick)
     assert fit.returncode == 0, fit.stderr[-3000:]
+    assert not (tmp_path / "planted-module-ran").exists()
     summary_says = shlex.split(re.search(r"test it, once: +(.*)", fit.stdout).group(1))
     assert summary_says[:2] == ["template", "test"]
     export = ["export", "--ckpt_path", summary_says[-1], "--format", "safetensors", "--output", "net.safetensors"]
