@@ -19,6 +19,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from template.files import replaced_atomically
+
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
 MAX_TENSORS = 100_000  # in a whole checkpoint (the biggest real networks' hold a few thousand, states included)
@@ -58,46 +60,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):  # remote storage: fsspec's own semantics
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(path.parent)
         buffer = io.BytesIO()  # serialised first, as Lightning does: a failed write is then the file's, with its errno
         torch.save({**checkpoint, INTEGRITY_KEY: {"algorithm": "sha256", "tensors": tensor_digest(checkpoint)}}, buffer)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            temporary.unlink(missing_ok=True)  # and created anew, never followed: a planted link writes nowhere
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(buffer.getbuffer())
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException as error:
-            temporary.unlink(missing_ok=True)
-            if not isinstance(error, OSError):
-                raise
+            with replaced_atomically(path) as temporary:
+                temporary.write_bytes(buffer.getbuffer())
+        except OSError as error:
             kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
             full = error.errno in (errno.ENOSPC, errno.EDQUOT)
             reason = f"the disk is full ({path.parent})" if full else (error.strerror or str(error))
             raise OSError(error.errno, f"could not write checkpoint {path}: {reason}; {kept}") from error
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # make the rename itself durable
-        finally:
-            os.close(directory)
-
-
-def remove_stale_temporaries(directory: Path) -> None:
-    """Remove the temporary checkpoint files (``.<name>.<pid>.tmp``) of writers no longer running."""
-    for stale in directory.glob(".*.tmp"):
-        pid = stale.name.rsplit(".", 2)[-2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
-        except ProcessLookupError:
-            stale.unlink(missing_ok=True)
-        except PermissionError:  # another user's process, alive
-            pass
 
 
 def check_checkpoint_is_safe(path: str | Path) -> None:

@@ -4,11 +4,9 @@ build is never trusted; a damaged one is named in a warning and rebuilt."""
 
 import hashlib
 import json
-import os
 import shutil
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from rich.filesize import decimal
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from template.data.images import open_image
+from template.files import replaced_atomically, write_atomic
 
 CACHE_VERSION = 3  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
@@ -35,27 +34,6 @@ def fingerprint(files: list[Path], settings: dict) -> str:
         stat = path.stat()
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:24]
-
-
-@contextmanager
-def replaced_atomically(path: Path) -> Iterator[Path]:
-    """A temporary path to write, renamed to ``path`` when the block ends without an error: a link planted at
-    ``path`` or at the temporary's name is replaced, never written through."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
-    try:
-        temporary.unlink(missing_ok=True)
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
-        yield temporary
-        with open(temporary, "rb+") as file:
-            os.fsync(file.fileno())  # on disk before the rename, which is what makes it trusted
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    with replaced_atomically(path) as temporary:
-        temporary.write_text(text)
 
 
 def checksum(images: np.ndarray) -> str:

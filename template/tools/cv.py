@@ -16,7 +16,7 @@ import statistics
 from rich.console import Console
 
 from template.cli import PROGRAM
-from template.data.cache import write_atomic
+from template.files import write_atomic
 from template.tools import fits
 
 

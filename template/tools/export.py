@@ -24,7 +24,7 @@ from template.checkpoints import (
     read_checkpoint,
 )
 from template.cli import PROGRAM
-from template.data.cache import replaced_atomically
+from template.files import replaced_atomically
 from template.module import ClassificationModule
 from template.restore import OWN_OPTIONS, build, restore
 from template.runs import DEFAULT_RUNS_DIR

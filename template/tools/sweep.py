@@ -40,7 +40,7 @@ try:
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
-from template.data.cache import write_atomic
+from template.files import write_atomic
 from template.runs import is_tensorboard, loggers_of
 from template.tools import fits
 

@@ -1,0 +1,48 @@
+"""Files written whole or not at all: a temporary beside the target, created anew, renamed over it."""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path to write, renamed to ``path`` when the block ends without an error: a link planted at
+    ``path`` or at the temporary's name is replaced, never written through; an error leaves ``path`` as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
+    try:
+        temporary.unlink(missing_ok=True)
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        yield temporary
+        with open(temporary, "rb+") as file:
+            os.fsync(file.fileno())  # on disk before the rename, which is what makes it trusted
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself durable
+    finally:
+        os.close(directory)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    with replaced_atomically(path) as temporary:
+        temporary.write_text(text)
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Remove the temporary files (``.<name>.<pid>.tmp``) of writers no longer running."""
+    for stale in directory.glob(".*.tmp"):
+        pid = stale.name.rsplit(".", 2)[-2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
+        except ProcessLookupError:
+            stale.unlink(missing_ok=True)
+        except PermissionError:  # another user's process, alive
+            pass
