@@ -13,7 +13,9 @@ from rename import first_commit, generate  # noqa: E402
 context = json.loads({{ cookiecutter | jsonify | jsonify }})
 project = Path.cwd()
 (project / ".gitkeep").unlink(missing_ok=True)
-generate(source, project, context["project_name"], context["package_name"], context["author"], context["description"])
+left = generate(source, project, *(context[key] for key in ("project_name", "package_name", "author", "description")))
+if left:
+    print(f"NOTE: {left}", file=sys.stderr)
 
 # The template version, in the form `cruft update` reads. Under cruft (create, update),
 # cruft writes this file itself and passes `_commit`; a second copy would conflict.
