@@ -19,6 +19,7 @@ from template.data_init import init_from_data
 from template.evaluation import multi_crop_logits
 from template.restore import load_module, register
 from template.schedule import (
+    Factory,
     WarmupCosine,
     build_optimizer,
     build_scheduler,
@@ -79,7 +80,7 @@ class ClassificationModule(L.LightningModule):
             if not isinstance(self.hparams.get(key), dict | str | None):
                 del self.hparams[key]
         self.net = net
-        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.optimizer, self.lr_scheduler = Factory(optimizer), Factory(lr_scheduler) if lr_scheduler else None
         self.scheduler_interval, self.scheduler_monitor = scheduler_interval, scheduler_monitor
         self.label_smoothing, self.layer_decay = label_smoothing, layer_decay
         self.channels_last, self.compile_net = channels_last, compile

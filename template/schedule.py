@@ -1,6 +1,7 @@
 """The recipe's optimisation: warmup-cosine and warmup-linear schedules, the interval a scheduler steps at and its
 plan held to the run's length, the parameter groups and the optimizer built from them."""
 
+import functools
 import inspect
 import math
 import pkgutil
@@ -11,6 +12,14 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CyclicLR, LRScheduler
+
+
+class Factory(functools.partial):
+    """An optimizer's or scheduler's factory, shared by a copy of its module (EMAWeightAveraging's), not copied:
+    jsonargparse's hold the whole command line, and under DDP the launcher's processes, which cannot be copied."""
+
+    def __deepcopy__(self, memo: dict) -> "Factory":
+        return self
 
 
 class WarmupCosine(LRScheduler):

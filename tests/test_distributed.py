@@ -225,11 +225,12 @@ def test_ema_weights_are_validated_checkpointed_and_kept_at_the_end(run_cli):
 
 @pytest.mark.slow
 def test_two_process_ddp_trains_a_timm_network_with_the_fine_tuning_recipe(tmp_path):
-    """timm's network, its layer-wise LR decay and the frozen-then-unfrozen backbone, across two processes (not EMA:
-    Lightning's EMAWeightAveraging fails at setup under DDP here, with any network; README)."""
+    """timm's network, its layer-wise LR decay, the frozen-then-unfrozen backbone and EMA weights (whose copy of the
+    module shares its optimizer factories: jsonargparse's hold the DDP launcher's processes), across two processes."""
     pytest.importorskip("timm")
     timm_net = ["--model.net", "template.nets.timm_net", "--model.net.name", "mobilenetv3_small_050"]
     recipe = ["--model.layer_decay", "0.7", "--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    recipe += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging"]
     ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     tiny = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2"]
     output = finished(fit(tmp_path, *ddp, *timm_net, *recipe, "--data.global_batch_size", "64", *tiny), timeout=300)
