@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import pickle
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
 MAX_TENSORS = 100_000  # in a whole checkpoint (the biggest real networks' hold a few thousand, states included)
 MAX_DEPTH = 32  # how deep a checkpoint's values nest (Lightning's loops, the deepest, go 9 levels)
+MAX_VALUES = 1 << 22  # values and containers in a whole checkpoint (Adam's state: a few per parameter tensor)
 # Whole numbers in a checkpoint are counts, indices and seeds (numpy's and sklearn's stop below 2**32): from 0, or in
 # a record of arguments (a schedule's last_epoch=-1), from -2**32.
 MAX_COUNT, RECORDS = 1 << 32, ("/hyper_parameters/", "/datamodule_hyper_parameters/")
@@ -106,6 +108,8 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
 
 def not_torch_saved(path: Path) -> str | None:
     """What ``path`` is, if torch.save did not write it; None for a zip (its format) or a pickle (its legacy one)."""
+    if path.exists() and not path.is_dir() and not path.is_file():  # opened, a FIFO would wait for a writer forever
+        return "no regular file (a FIFO, socket or device)"
     try:
         with path.open("rb") as file:
             head = file.read(9)
@@ -321,8 +325,14 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     last: a `validate` or `test` run (which writes no checkpoints) never hides the run it evaluated."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
-    runs_dir = Path(runs_dir)
-    lasts = sorted(runs_dir.glob("**/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    runs_dir, now = Path(runs_dir), time.time()
+    lasts, future = [], []
+    for path in runs_dir.glob("**/checkpoints/last.ckpt"):
+        if path.is_file():  # a FIFO or device by that name is no run's
+            (future if path.stat().st_mtime > now + 60 else lasts).append(path)
+    if future:  # a copy that kept its author's clock (tar does) must not pass for this machine's latest run
+        rank_zero_warn(f"--ckpt_path {alias}: passing over {', '.join(map(str, future))}, dated in the future")
+    lasts.sort(key=lambda path: path.stat().st_mtime)
     if not lasts:
         raise FileNotFoundError(
             f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve()}; "
@@ -331,7 +341,7 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     checkpoint_dir = lasts[-1].parent
     if alias == "last":
         return lasts[-1]
-    bests = list(checkpoint_dir.glob("best*.ckpt"))
+    bests = [path for path in checkpoint_dir.glob("best*.ckpt") if path.is_file()]
     if not bests:
         raise FileNotFoundError(f"--ckpt_path best: {checkpoint_dir} holds no best*.ckpt")
     # The best monitored value (with save_top_k > 1 the newest file is not the best); ties: the newest.
@@ -351,8 +361,18 @@ def monitored_score(path: Path) -> tuple[bool, float]:
     return False, 0.0
 
 
-def _leaves(value: Any, source: str = "a checkpoint", key: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
-    """Each value in ``value`` that is no dict, list or tuple, with its key (``/loops/fit_loop``, ``[0]``)."""
+def _leaves(
+    value: Any, source: str = "a checkpoint", key: str = "", depth: int = 0, seen: list[int] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """Each value in ``value`` that is no dict, list or tuple, with its key (``/loops/fit_loop``, ``[0]``); never more
+    than MAX_VALUES of them: a file of a few bytes can hold a list that holds itself twice, 2**n values deep down."""
+    seen = seen if seen is not None else [0]
+    seen[0] += 1
+    if seen[0] > MAX_VALUES:
+        raise DamagedCheckpointError(
+            f"refusing {source}: it holds more than {MAX_VALUES:,} values, more than any training state has "
+            "(a container shared many times over, or a damaged file)"
+        )
     if depth > MAX_DEPTH:
         raise DamagedCheckpointError(
             f"refusing {source}: its {spoken(key)} lies over {MAX_DEPTH} levels deep, where no state does"
@@ -360,10 +380,10 @@ def _leaves(value: Any, source: str = "a checkpoint", key: str = "", depth: int 
     if isinstance(value, dict):
         for name, item in value.items():
             if not (key == "" and name == INTEGRITY_KEY):
-                yield from _leaves(item, source, f"{key}/{name}", depth + 1)
+                yield from _leaves(item, source, f"{key}/{name}", depth + 1, seen)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            yield from _leaves(item, source, f"{key}[{index}]", depth + 1)
+            yield from _leaves(item, source, f"{key}[{index}]", depth + 1, seen)
     else:
         yield key, value
 
@@ -441,15 +461,17 @@ def restoring(source: Any, what: str = "its state") -> Iterator[None]:
 
 
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
-    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files beside it in a run's checkpoints/
-    folder: Lightning deletes the files they name when better ones replace them, and its own check that they lie
+    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files there are beside it in a run's
+    checkpoints/ folder: Lightning deletes the files they name when better ones replace them, and its own check that they lie
     inside the checkpoint directory compares text, which ``..`` and links get past."""
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
     def inside(path: Any) -> bool:
         resolved = Path(path).resolve() if in_a_run and isinstance(path, str | os.PathLike) else None
-        return resolved is not None and resolved.parent == directory and resolved.suffix == ".ckpt"
+        return (
+            resolved is not None and resolved.parent == directory and resolved.suffix == ".ckpt" and resolved.is_file()
+        )
 
     for name, state in (checkpoint.get("callbacks") or {}).items():
         if not (isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, dict)):

@@ -55,6 +55,7 @@ RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "a
 # those the recipe trains in (its batches are float32: not 64-bit, nor transformer-engine's).
 LEAST = {"max_epochs": -1, "max_steps": -1, "accumulate_grad_batches": 1, "check_val_every_n_epoch": 1}
 PRECISIONS = (None, "32-true", "32", 32, "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", 16, "bf16")
+NOT_CLASSIFIERS = (".detection", ".segmentation", ".video", ".optical_flow", ".quantization")
 DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the DataModule (left out of a first parse)
 # Arguments that load pretrained weights (weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
@@ -93,7 +94,7 @@ def register(obj: Any = None, *, kind: str | None = None, name: str | None = Non
 def registry() -> dict[str, tuple[str, Any]]:
     """Every name a checkpoint may use, with its kind and what it names."""
     if not _built:
-        import torchvision.models
+        import torchvision.models  # noqa: F401  (its builders, into sys.modules)
 
         import template.data
         import template.nets
@@ -102,7 +103,9 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         modules = [template.nets, template.data, template.schedule, template.optim, torch.optim]
         modules.append(torch.optim.lr_scheduler)
-        modules += [m for name, m in list(sys.modules.items()) if name.startswith(torchvision.models.__name__)]
+        # Classifiers only: detection and segmentation builders load pretrained backbones by default.
+        modules += [m for name, m in list(sys.modules.items()) if re.match(r"torchvision\.models(\.\w+)?$", name)]
+        modules = [module for module in modules if not module.__name__.endswith(NOT_CLASSIFIERS)]
         for module in modules:  # their classes, and functions that build a network (resnet18, template.nets.timm_net)
             for attribute, obj in vars(module).items():
                 kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
@@ -282,7 +285,22 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
             refuse(source, f"{key}.{name}", value, f"which is not a literal {describe(annotation)}")
     if retired:
         rank_zero_warn(f"{source}: {', '.join(retired)} ({key}) are no longer options of {target.__name__}: left out")
-    return kept
+    return kept | no_downloads(target, types_)
+
+
+def no_downloads(target: Any, types_: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that load pretrained weights, set to none where their defaults would load some (a backbone's,
+    from the hub cache, unpickled): the checkpoint holds every tensor of its own."""
+    try:
+        signature = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {
+        each.name: False if each.default is True else None
+        for each in signature
+        if (DOWNLOADS.search(each.name) or has_url(types_.get(each.name)))
+        and each.default not in (None, False, each.empty)
+    }
 
 
 def describe(annotation: Any) -> str:
@@ -387,8 +405,8 @@ def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterato
     """Stop a network's build once it registers more than ``modules`` modules and tensors, or ``values`` values."""
     seen = [0, 0]
 
-    def count(module: nn.Module, attribute: str, value: Any) -> None:
-        seen[0] += 1
+    def count(module: nn.Module | None = None, attribute: str = "", value: Any = None) -> None:
+        seen[0] += module is not None
         seen[1] += value.numel() if isinstance(value, torch.Tensor) else 0
         if seen[0] > modules or seen[1] > values:
             why = (
@@ -403,6 +421,7 @@ def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterato
     finally:
         for handle in handles:
             handle.remove()
+        count()  # refused still where the build caught the refusal (timm's raises its own error instead)
 
 
 def build(spec: dict) -> Any:

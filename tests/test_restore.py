@@ -29,6 +29,7 @@ from template.checkpoints import (
 from template.cli import cli
 from template.commands import main
 from template.module import ClassificationModule
+from template.nets import ResNetSmall
 from template.restore import is_path, parameters
 
 SENTINEL = "sentinel_{name}"
@@ -380,7 +381,9 @@ def test_what_is_no_checkpoint_is_named_for_what_it_is_by_every_entry_point(trai
         tmp_path / "net.safetensors": f"it is a safetensors file; {export}",
         tmp_path / "net.onnx": f"it is no file torch.save wrote; {export}",
         run_dir / "config.yaml": f"it is no file torch.save wrote; {export}",
+        tmp_path / "fifo.ckpt": f"it is no regular file (a FIFO, socket or device); {export}",  # opened, it would hang
     }
+    os.mkfifo(tmp_path / "fifo.ckpt")
     monkeypatch.chdir(tmp_path)
     for path, says in named.items():
         said = f"{path} is not a Lightning checkpoint (.ckpt written by fit) nor any torch.save file: {says}"
@@ -450,6 +453,24 @@ def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
     bomb = {low: {"monitor": "val/loss", "current_score": torch.zeros(1).expand(1 << 34)}}  # 16 GiB if compared
     torch.save({"callbacks": bomb, "pytorch-lightning_version": "2.6"}, directory / "best-epoch004.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
+
+
+def test_the_latest_run_is_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path):
+    """``--ckpt_path best`` / ``last`` take the run whose last.ckpt was written last: a stranger's run unpacked with its
+    author's clock (tar keeps file times) or a FIFO by that name must not pass for it (nor hang the search)."""
+    runs = tmp_path / "runs"
+    for run in ("mine", "stranger", "fifo"):
+        (runs / run / "version_0" / "checkpoints").mkdir(parents=True)
+    torch.save({"callbacks": {}}, runs / "mine" / "version_0" / "checkpoints" / "last.ckpt")
+    stranger = runs / "stranger" / "version_0" / "checkpoints" / "last.ckpt"
+    torch.save({"callbacks": {}}, stranger)
+    os.utime(stranger, (time.time() + 86_400 * 365, time.time() + 86_400 * 365))
+    os.mkfifo(runs / "fifo" / "version_0" / "checkpoints" / "last.ckpt")
+    with pytest.warns(UserWarning, match="dated in the future"):
+        assert find_checkpoint("last", runs) == runs / "mine" / "version_0" / "checkpoints" / "last.ckpt"
+    os.mkfifo(runs / "mine" / "version_0" / "checkpoints" / "best-epoch001.ckpt")
+    with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="holds no best"):
+        find_checkpoint("best", runs)
 
 
 @pytest.mark.slow
@@ -563,6 +584,58 @@ def test_a_network_record_of_many_or_large_layers_is_refused_before_it_is_built(
         assert time.perf_counter() - started < 10, (name, init_args)
 
 
+def test_a_network_record_is_refused_where_the_builder_wraps_the_refusal_in_an_error_of_its_own(trained, tmp_path):
+    """timm's builder turns the bounded build's refusal into an error of its own: that is still a refusal, not a
+    network left to be built for real (a ViT 1,000 blocks deep: gigabytes, minutes)."""
+    pytest.importorskip("timm")
+    options = {"depth": 1000, "img_size": 8, "patch_size": 2}
+    init_args = {"name": "vit_tiny_patch16_224", "num_classes": 10, "in_channels": 1, "options": options}
+    path = doctor(trained, tmp_path, {"net": {"class_path": "template.nets.timm_net", "init_args": init_args}})
+    started = time.perf_counter()
+    with pytest.raises(UnsafeCheckpointError, match=re.escape(f"refusing {path}: its hyper_parameters.net is")):
+        restore.restore(path, ClassificationModule, None, fit=False)
+    assert time.perf_counter() - started < 20
+
+
+def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(trained, tmp_path, monkeypatch):
+    """torchvision's segmentation builders load an ImageNet backbone by default (``weights_backbone``), unpickling
+    the hub cache's file as it finds it: a planted one ran code. Such builders are no classifiers and no registry
+    names; and any builder's weights arguments are set to none where their defaults would load weights."""
+    import torchvision
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    hub = tmp_path / "torch" / "hub" / "checkpoints"
+    hub.mkdir(parents=True)
+    torch.save({"x": Payload(str(tmp_path / "ran"))}, hub / "mobilenet_v3_large-8738ca79.pth")  # its backbone's
+    segmenter = torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights_backbone=None, num_classes=10)
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    checkpoint["state_dict"] = {f"net.{key}": value for key, value in segmenter.state_dict().items()}
+    name = "torchvision.models.segmentation.lraspp_mobilenet_v3_large"
+    checkpoint["hyper_parameters"]["net"] = {"class_path": name, "init_args": {"num_classes": 10}}
+    torch.save(checkpoint, tmp_path / "segmenter.ckpt")
+    with pytest.raises(UnsafeCheckpointError, match="no registered net"):
+        restore.restore(tmp_path / "segmenter.ckpt", ClassificationModule, None, fit=False)
+    assert not (tmp_path / "ran").exists()
+
+    loaded = []
+    monkeypatch.setattr(restore, "_registered", dict(restore._registered))
+
+    @restore.register(name="eager")
+    def eager(num_classes: int, in_channels: int, checkpoint_stages: bool, pretrained: bool = True) -> torch.nn.Module:
+        loaded.append(pretrained)  # a download, or a file of the hub cache, unpickled
+        return ResNetSmall(num_classes, in_channels, checkpoint_stages=checkpoint_stages)
+
+    path = doctor(trained, tmp_path, {"net": {**torch.load(trained, weights_only=True)["hyper_parameters"]["net"]}})
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["net"]["class_path"] = "eager"
+    checkpoint.pop("integrity", None)
+    torch.save(checkpoint, path)
+    restored = restore.restore(path, ClassificationModule, None, fit=False)
+    assert loaded and not any(loaded), loaded
+    assert restored.config["model"]["init_args"]["net"]["init_args"]["pretrained"] is False
+
+
 def progress(checkpoint: dict) -> dict:
     return checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
 
@@ -571,6 +644,14 @@ def nested(depth: int) -> list:
     value: list = []
     for _ in range(depth):
         value = [value]
+    return value
+
+
+def doubled(times: int) -> list:
+    """A list of two of the same list, ``times`` deep: a few hundred bytes pickled, 2**times values walked."""
+    value: list = [0]
+    for _ in range(times):
+        value = [value, value]
     return value
 
 
@@ -629,6 +710,7 @@ STATE_ATTACKS = {
         lambda c: c["datamodule_hyper_parameters"].update(split_seed=10**40),
     ),
     "state nested thousands deep": ("fit", "callbacks.Deep[0][0]", lambda c: c["callbacks"].update(Deep=nested(5000))),
+    "a list shared 2**28 times over": ("validate", "more than", lambda c: c["callbacks"].update(Shared=doubled(28))),
     "a schedule's abstract base class": (
         "fit",
         "hyper_parameters.lr_scheduler.class_path",
