@@ -22,6 +22,8 @@ TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
 RUN_IDS = ("version", "run_id", "id")
 TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B's base-36 ones
+# The most trackers.json may take, read whole: a tracker's entry (its class, an id) takes under 300 bytes.
+MAX_TRACKER_RUNS_BYTES = 1 << 16
 
 
 class MLFlowLogger(loggers.MLFlowLogger):
@@ -115,7 +117,11 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
     if not source.is_file():
         return {}
     try:
-        record = json.loads(source.read_text())
+        with source.open("rb") as file:
+            text = file.read(MAX_TRACKER_RUNS_BYTES + 1)
+        if len(text) > MAX_TRACKER_RUNS_BYTES:
+            raise ValueError(f"larger than {MAX_TRACKER_RUNS_BYTES:,} bytes")
+        record = json.loads(text)
     except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested past the parser's depth
         raise DamagedCheckpointError(f"{source}, the run's tracker runs, cannot be read: {error}") from None
     if not isinstance(record, dict) or not all(

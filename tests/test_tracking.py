@@ -115,7 +115,8 @@ def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_noth
     assert own.init_args.id == "mine"
 
     deep = "[" * 200_000 + "]" * 200_000  # deeper than Python's parser follows
-    for damaged in ("{", '{"x": {"run_id": "../../etc"}}', '{"x": {"command": "abc"}}', "[1]", deep):
+    padded = json.dumps(record) + " " * (2 << 20)  # a right record, but past any cap: it would be read whole
+    for damaged in ("{", '{"x": {"run_id": "../../etc"}}', '{"x": {"command": "abc"}}', "[1]", deep, padded):
         (run_dir / TRACKER_RUNS).write_text(damaged)
         with pytest.raises(DamagedCheckpointError, match=TRACKER_RUNS):
             tracker_runs(run_dir)

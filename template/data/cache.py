@@ -21,6 +21,10 @@ from template.files import replaced_atomically, write_atomic
 
 CACHE_VERSION = 3  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
+# The most a JSON record may take, read whole: its shape and checksum, then each file's path, which comes again in
+# the reason the file is unreadable. A path is at most 4,096 bytes (Linux's PATH_MAX), up to three times that in
+# JSON's \u escapes: 32 KiB a file leaves room for the reason's words. A larger record is damage, and rebuilt.
+RECORD_BYTES, RECORD_BYTES_PER_FILE = 1 << 20, 32 << 10
 
 
 class CacheTooLarge(OSError):
@@ -76,10 +80,15 @@ def decode_all(
                 progress.update(task, completed=done, rate=done / (progress.tasks[task].elapsed or 1e-9))
 
 
-def read_record(path: Path) -> dict:
-    """A JSON record of the cache; ValueError names the file when it is not one."""
+def read_record(path: Path, files: int) -> dict:
+    """A JSON record of the cache of ``files`` files; ValueError names the file when it is not one."""
+    limit = RECORD_BYTES + files * RECORD_BYTES_PER_FILE
     try:
-        record = json.loads(path.read_text())
+        with path.open("rb") as file:
+            text = file.read(limit + 1)
+        if len(text) > limit:
+            raise ValueError(f"over the {limit:,} bytes a record of {files} files may take")
+        record = json.loads(text)
     except (OSError, ValueError, RecursionError) as error:  # a missing file, a cut-off write, not text, too deep
         raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
     if not isinstance(record, dict):
@@ -98,7 +107,7 @@ def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
 
 def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, str]]:
     """The cached array and its unreadable files, each checked; ValueError says which is wrong and how."""
-    record = read_record(record_path)
+    record = read_record(record_path, shape[0])
     if record.get("shape") != list(shape):  # a missing key reads as None: refused like a wrong value
         raise ValueError(f"{record_path} records the shape {record.get('shape')}, not {list(shape)}")
     invalid = invalid_files(record.get("invalid"), shape[0], record_path)
@@ -165,7 +174,7 @@ def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, n
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
     if record.exists():
         try:
-            return invalid_files(read_record(record), len(files), record)
+            return invalid_files(read_record(record, len(files)), len(files), record)
         except ValueError as damage:
             rank_zero_warn(f"the check record of {name} is damaged, so the files are checked again: {damage}")
     description = f"checking {name} ({len(files)} files)"

@@ -31,15 +31,41 @@ class _ArraysOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def label_problem(labels: object, count: int) -> str | None:
+    """What is wrong with a batch's labels, if anything: they must be class indices, one an image."""
+    if not (isinstance(labels, list) or isinstance(labels, np.ndarray) and labels.ndim == 1):
+        return f"a {type(labels).__name__}, not a list"
+    if len(labels) != count:
+        return f"{len(labels)} labels for {count} images"
+    # torch.long would truncate 3.7 to 3, silently; a label past the classes would fail only mid-training.
+    for index, label in enumerate(labels):
+        if not (type(label) is int or isinstance(label, np.integer)) or not 0 <= label < len(CLASS_NAMES):
+            return f"label {index} is {label!r}"
+    return None
+
+
+def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One batch file's uint8 images (N, 3, 32, 32) and int64 labels (N,); a ValueError names the file and key."""
+    with path.open("rb") as file:
+        batch = _ArraysOnly(file, encoding="latin1").load()
+    if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
+        raise ValueError(f"{path} is not a CIFAR-10 batch: a dict with the keys data and labels")
+    images = batch["data"]
+    # As released, (N, 3072) uint8: a cast would wrap other integers and floor float pixels, silently.
+    if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == (3 * 32 * 32,)):
+        what = f"{images.dtype} {list(images.shape)}" if isinstance(images, np.ndarray) else type(images).__name__
+        raise ValueError(f"{path}: CIFAR-10 batch key 'data' must be uint8 (N, 3072) pixels, not {what}")
+    if problem := label_problem(batch["labels"], len(images)):
+        raise ValueError(
+            f"{path}: CIFAR-10 batch key 'labels' must be integers in [0, {len(CLASS_NAMES)}), one an image: {problem}"
+        )
+    return images.reshape(-1, 3, 32, 32), np.asarray(batch["labels"], dtype=np.int64)
+
+
 def read_batches(folder: Path, names: list[str]) -> Split:
     """Read CIFAR-10 batch files into uint8 images (N, 3, 32, 32) and int64 labels."""
-    images, labels = [], []
-    for name in names:
-        with (folder / name).open("rb") as file:
-            batch = _ArraysOnly(file, encoding="latin1").load()
-        images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        labels.extend(batch["labels"])
-    return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.long)
+    images, labels = zip(*(read_batch(folder / name) for name in names), strict=True)
+    return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
 
 class CIFAR10DataModule(ImageDataModule):

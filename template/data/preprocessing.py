@@ -11,8 +11,9 @@ and the model's input is ``(pixels / 255 - mean) / std``, (B, C, H, W) float32. 
 ``resize_size`` mean ``[H, W]``.
 """
 
-import math
 from typing import Any
+
+import numpy as np
 
 RESIZE = {  # how an image reaches (H, W)
     # PIL's ImageOps.fit(image, (W', H'), interpolation) after a JPEG draft decode (images.open_image)
@@ -22,6 +23,17 @@ RESIZE = {  # how an image reaches (H, W)
 KEYS = ("input_shape", "resize", "resize_size", "interpolation", "mean", "std")
 OPTIONAL = {"resize_size", "interpolation"}  # absent from records written before they existed
 INTERPOLATIONS = ("bilinear", "bicubic")
+# Bounds on a record from a file, each well past what a trained run writes: a damaged or doctored record is refused
+# before it costs memory and disk (every image is cached at resize_size) or turns every prediction into NaN.
+MAX_CHANNELS, MAX_PIXELS = 64, 1 << 24  # of input_shape, and of resize_size: restore.py's caps on input_shape
+# resize_size over the input's side: torchvision's weights use 256 / 224, timm's at most 1 / 0.875, ours 8 / 7.
+MAX_RESIZE_RATIO = 4
+# A channel of [0, 1] pixels has a mean in [0, 1] (pretrained records: 0 to 0.5); a whole range's margin each side.
+MEAN_RANGE = (-1.0, 2.0)
+# Such a channel's std is at most 0.5; records use 1/255 (torchvision's VGG16 features) to 1 (timm's raw pixels).
+# The floor is channel_stats' for a constant channel, as float32 holds it: normalised pixels stay finite (under
+# 3e6), where a std of 1e-300 is 0 in float32 and makes every image NaN.
+STD_RANGE = (float(np.float32(1e-6)), 10.0)
 
 
 def check_preprocessing(record: Any, source: str) -> dict:
@@ -32,18 +44,32 @@ def check_preprocessing(record: Any, source: str) -> dict:
             "may be left out), and no other"
         )
     shape = record["input_shape"]
-    if not (isinstance(shape, list | tuple) and len(shape) == 3 and all(type(n) is int and n > 0 for n in shape)):
+    if not (
+        isinstance(shape, list | tuple)
+        and len(shape) == 3
+        and all(type(n) is int and 0 < n <= MAX_PIXELS for n in shape)  # before they are multiplied
+        and shape[0] <= MAX_CHANNELS
+        and shape[1] * shape[2] <= MAX_PIXELS
+    ):
         raise ValueError(
-            f"{source}: preprocessing input_shape must be three positive integers (C, H, W), not {shape!r}"
+            f"{source}: preprocessing input_shape must be three positive integers (C, H, W), at most "
+            f"{MAX_CHANNELS} channels and {MAX_PIXELS:,} pixels, not {shape!r}"
         )
     if record["resize"] not in RESIZE:
         raise ValueError(f"{source}: preprocessing resize {record['resize']!r} is none of {', '.join(RESIZE)}")
     resize_size = record.get("resize_size", shape[1:])
-    if not (isinstance(resize_size, list | tuple) and len(resize_size) == 2
-            and all(type(n) is int and n >= side for n, side in zip(resize_size, shape[1:], strict=True))):  # fmt: skip
+    if not (
+        isinstance(resize_size, list | tuple)
+        and len(resize_size) == 2
+        and all(
+            type(n) is int and side <= n <= MAX_RESIZE_RATIO * side
+            for n, side in zip(resize_size, shape[1:], strict=True)
+        )
+        and resize_size[0] * resize_size[1] <= MAX_PIXELS
+    ):
         raise ValueError(
             f"{source}: preprocessing resize_size must be two integers (H, W) at least the input's {shape[1:]}, "
-            f"not {resize_size!r}"
+            f"at most {MAX_RESIZE_RATIO} times it and {MAX_PIXELS:,} pixels, not {resize_size!r}"
         )
     if record.get("interpolation", "bilinear") not in INTERPOLATIONS:
         raise ValueError(
@@ -51,16 +77,25 @@ def check_preprocessing(record: Any, source: str) -> dict:
         )
     if record["resize"] == "none" and list(resize_size) != list(shape[1:]):
         raise ValueError(f"{source}: preprocessing resize 'none' needs resize_size {shape[1:]}, not {resize_size!r}")
-    for key in ("mean", "std"):
+    for key, (least, most) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
         values = record[key]
-        if not (isinstance(values, list | tuple) and len(values) == shape[0]
-                and all(type(v) in (int, float) and math.isfinite(v) for v in values)):  # fmt: skip
-            raise ValueError(f"{source}: preprocessing {key} must be {shape[0]} finite numbers, not {values!r}")
-    if min(record["std"]) <= 0:
-        raise ValueError(f"{source}: preprocessing std must be positive, not {record['std']!r}")
-    return {"input_shape": list(shape), "resize": record["resize"], "resize_size": list(resize_size),
-            "interpolation": record.get("interpolation", "bilinear"), "mean": [float(v) for v in record["mean"]],
-            "std": [float(v) for v in record["std"]]}  # fmt: skip
+        if not (
+            isinstance(values, list | tuple)
+            and len(values) == shape[0]
+            and all(type(v) in (int, float) and least <= v <= most for v in values)  # NaN is in no range
+        ):
+            raise ValueError(
+                f"{source}: preprocessing {key} must be {shape[0]} numbers from {least:g} to {most:g} (of pixels "
+                f"in [0, 1]), not {values!r}"
+            )
+    return {
+        "input_shape": list(shape),
+        "resize": record["resize"],
+        "resize_size": list(resize_size),
+        "interpolation": record.get("interpolation", "bilinear"),
+        "mean": [float(v) for v in record["mean"]],
+        "std": [float(v) for v in record["std"]],
+    }
 
 
 def recorded_preprocessing(checkpoint: dict) -> dict | None:

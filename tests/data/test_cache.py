@@ -38,6 +38,12 @@ def record_nested_deep(array: Path, record: Path) -> Path:
     return record
 
 
+def record_past_its_cap(array: Path, record: Path) -> Path:
+    # Whole and right, but far larger than a record of 36 files takes: it would be read whole, however large.
+    record.write_text(record.read_text()[:-1] + ', "padding": "' + "x" * (4 << 20) + '"}')
+    return record
+
+
 def array_of_another_shape(array: Path, record: Path) -> Path:
     np.save(array, np.load(array)[:-1])  # one image short of the record
     return array
@@ -50,7 +56,15 @@ def payload_zeroed(array: Path, record: Path) -> Path:
 
 @pytest.mark.parametrize(
     "damage",
-    [truncated_array, record_not_json, record_nested_deep, record_without_keys, array_of_another_shape, payload_zeroed],
+    [
+        truncated_array,
+        record_not_json,
+        record_nested_deep,
+        record_without_keys,
+        record_past_its_cap,
+        array_of_another_shape,
+        payload_zeroed,
+    ],
 )
 def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(image_folder, tmp_path, damage, capsys):
     expected = build(image_folder, tmp_path).datasets["train"].images.clone()
@@ -67,7 +81,9 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning_naming_the_file(image_folder,
 
 
 @pytest.mark.parametrize(
-    "content", ['{"0": "OSError: cut o', "[3]", '{"999": "beyond the 37 files"}'], ids=["cut", "list", "range"]
+    "content",
+    ['{"0": "OSError: cut o', "[3]", '{"999": "beyond the 37 files"}', "{}" + " " * (4 << 20)],
+    ids=["cut", "list", "range", "past-its-cap"],
 )
 def test_a_damaged_check_record_is_rebuilt_with_a_warning_naming_it(image_folder, tmp_path, content):
     bad = image_folder / "train" / "cat" / "bad.png"

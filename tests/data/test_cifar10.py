@@ -50,3 +50,27 @@ def test_a_doctored_batch_file_is_refused_not_run(tmp_path):
     with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
         data.setup("test")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("labels", [3.7] * 20),  # torch.long would make them 3
+        ("labels", [True] * 20),
+        ("labels", np.full(20, 2.0)),
+        ("labels", [10] * 20),  # past the ten classes
+        ("labels", [-1] * 20),
+        ("labels", [0] * 19),  # one short of the images
+        ("labels", "0" * 20),
+        ("data", np.full((20, 3072), 0.9)),  # [0, 1] floats: a cast to uint8 makes them 0
+        ("data", np.full((20, 3072), 300)),  # wraps to 44 as uint8
+        ("data", np.zeros((20, 3000), dtype=np.uint8)),
+    ],
+)
+def test_a_batch_file_with_labels_or_pixels_a_cast_would_change_is_refused_by_name(tmp_path, key, value):
+    root = write_cifar(tmp_path)
+    batch = {"labels": [0] * 20, "data": np.zeros((20, 3072), dtype=np.uint8), key: value}
+    with (root / FOLDER / "test_batch").open("wb") as file:
+        pickle.dump(batch, file)
+    with pytest.raises(ValueError, match=rf"test_batch: CIFAR-10 batch key '{key}' must be "):
+        CIFAR10DataModule(root=str(root)).setup("test")
