@@ -40,7 +40,7 @@ from template.checkpoints import (
     read_checkpoint,
     strip_prefixes,
 )
-from template.data.preprocessing import recorded_preprocessing
+from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.runs import runs_dir
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
@@ -348,7 +348,9 @@ def restore(
         if trained[key] is not None and not conforms(trained[key], kind):
             refuse(source, f"hyper_parameters.{key}", trained[key], f"not a {describe(kind)}")
     shape = trained["input_shape"]
-    if shape is not None and not (len(shape) == 3 and 0 < shape[0] <= 64 and 0 < shape[1] * shape[2] <= 1 << 24):
+    if shape is not None and not (
+        len(shape) == 3 and 0 < shape[0] <= MAX_CHANNELS and 0 < shape[1] * shape[2] <= MAX_PIXELS
+    ):
         refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
     if isinstance(net := config.get("model", {}).get("init_args", {}).get("net"), dict):
         check_network(net, checkpoint, source)

@@ -17,6 +17,7 @@ from template.data.base import (  # one name a line: a renamed project's longer 
 )
 from template.data.cache import CacheTooLarge, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
+from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
@@ -65,6 +66,11 @@ def resize_pair(
         raise ValueError(
             f"data.resize_size={resize_size} gives {pair[0]}x{pair[1]} (height x width), smaller than image_size "
             f"{image_size[0]}x{image_size[1]}, which is cut out of it: set it to at least {min(image_size)}"
+        )
+    if max(p / side for p, side in zip(pair, image_size)) > MAX_RESIZE_RATIO or pair[0] * pair[1] > MAX_PIXELS:
+        raise ValueError(  # a checkpoint's record is refused past these too: predict could not use the run
+            f"data.resize_size={resize_size} gives {pair[0]}x{pair[1]}: at most {MAX_RESIZE_RATIO} times image_size "
+            f"{image_size[0]}x{image_size[1]} and {MAX_PIXELS:,} pixels"
         )
     return pair
 

@@ -92,6 +92,9 @@ def test_resize_size_defaults_and_bounds(photos, tmp_path):
     assert module(photos, tmp_path, resize_size=(30, 26)).resize_size == (30, 26)
     with pytest.raises(ValueError, match=r"data.resize_size=16 gives 16x16 .* smaller than image_size 20x20"):
         module(photos, tmp_path, resize_size=16)
+    assert module(photos, tmp_path, resize_size=80).resize_size == (80, 80)  # 4 times: a checkpoint's record may be
+    with pytest.raises(ValueError, match=r"data.resize_size=81 gives 81x81: at most 4 times image_size 20x20"):
+        module(photos, tmp_path, resize_size=81)  # a record past it is refused: predict could not use the run
     with pytest.raises(ValueError, match=r"crop_scale=\[0.25, 1.0\] and crop_padding=4 both crop"):
         module(photos, tmp_path, crop_padding=4)
     with pytest.raises(ValueError, match=r"crop_scale=\[0.0, 1.0\] must be a range within \(0, 1\]"):
