@@ -1,15 +1,35 @@
-"""What a command says at its end: the run summary of a fit, how many images an evaluation scored."""
+"""What a command says at its end: the run summary of a fit, how many images an evaluation scored; and how text from
+elsewhere (a checkpoint, a study's database) is shown on a terminal."""
 
+import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from rich.console import Console
+from rich.markup import escape
 
 from template.callbacks import TrainingMonitor
 from template.runs import loggers_of
 from template.tracking import where_to_look
 
 PROGRAM = __package__
+
+
+def shown(text: object, markup: bool = True) -> str:
+    """``text`` as a terminal may show it, whoever wrote it (a checkpoint's paths, a study's parameter names):
+    characters that are not printable written as Python escapes them, so that an escape sequence (ESC, ``\\x1b``)
+    cannot retitle, recolour or rewrite the terminal; and, where rich will read it (``markup``), its markup
+    (``[link=...]``) as plain text. An ordinary path or name is shown as it is."""
+    text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
+    return escape(text) if markup else text
+
+
+def shown_command(args: Iterable, markup: bool = True) -> str:
+    """A command line to copy and paste: each argument quoted for the shell, so that a path holding ``; curl ... | sh``
+    stays one argument rather than a second command, then ``shown``. An argument with an unprintable character is
+    shown escaped: not that argument, but nothing a shell would run."""
+    return shown(shlex.join(str(arg) for arg in args), markup)
 
 
 def print_evaluated(cli, split: str) -> None:
@@ -28,29 +48,31 @@ def print_summary(cli, run_dir: Path) -> None:
     checkpoints = cli.trainer.checkpoint_callbacks
     best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)
     last = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and not c.monitor), None)
-    lines = [f"run directory    {run_dir}"]
+    lines = [f"run directory    {shown(run_dir)}"]
     if best is not None and best.best_model_path:
+        # These paths are a resumed checkpoint's word: a file from elsewhere may have written them.
         lines += [
-            f"best checkpoint  {best.best_model_path}",
-            f"best {best.monitor:<11} {float(best.best_model_score):.4f}",
-            *([f"last checkpoint  {last.best_model_path}"] if last is not None else []),
+            f"best checkpoint  {shown(best.best_model_path)}",
+            f"best {shown(f'{best.monitor:<11}')} {float(best.best_model_score):.4f}",
+            *([f"last checkpoint  {shown(last.best_model_path)}"] if last is not None else []),
         ]
         # Only where `test` has images to read, and not in a sweep's trial or cv's fold: test the one chosen, once.
         if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
             root = getattr(cli.datamodule, "root", None)  # where the images are: the command says, never the file
-            where = f" --data.root {root}" if root else ""
-            lines.append(f"test it, once:   {PROGRAM} test --ckpt_path {best.best_model_path}{where}")
+            where = ["--data.root", root] if root else []
+            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *where]
+            lines.append(f"test it, once:   {shown_command(test)}")
     rows = next((c.rows for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
     if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:
         (first, lr), (final, lr_final) = lrs[0], lrs[-1]
         lines.append(
             f"learning rate    {lr:.3g} at epoch {first}" + f", {lr_final:.3g} at epoch {final}" * (final > first)
         )
-    lines.append(f"curves:          tensorboard --logdir {run_dir}")
+    lines.append(f"curves:          {shown_command(['tensorboard', '--logdir', run_dir])}")
     configured = loggers_of(cli.config.get(str(cli.subcommand), cli.config))[1:]
-    lines += [where_to_look(tracker, settings) for tracker, settings in zip(cli.trainer.loggers[1:], configured)]
-    # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs.
-    console = Console(soft_wrap=True)
+    lines += [shown(where_to_look(tracker, settings)) for tracker, settings in zip(cli.trainer.loggers[1:], configured)]
+    # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs; no emoji: a path's ":smile:" is text.
+    console = Console(soft_wrap=True, emoji=False)
     console.rule("run summary")
     for line in lines:
         console.print(line, highlight=False)

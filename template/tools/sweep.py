@@ -19,7 +19,6 @@ import io
 import math
 import random
 import re
-import shlex
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ from rich.table import Table
 from template.callbacks.nonfinite import NonFiniteError
 from template.callbacks.predictions import spreadsheet_safe
 from template.cli import PROGRAM
+from template.summary import shown, shown_command
 
 try:
     import optuna
@@ -189,9 +189,15 @@ def same_study(study: optuna.Study, space: dict, fit_args: list[str]) -> None:
             f"study {study.study_name} searches another space ({sorted(recorded['space'])}): its trials would not "
             "compare; give this one another --study_name, or the space the study was started with"
         )
-    if recorded.get("fit_options") != fit_args:
-        print(f"note: study {study.study_name} was started with the fit options {shlex.join(recorded['fit_options'])}; "
-              f"this worker's are {shlex.join(fit_args)}", file=sys.stderr)  # fmt: skip
+    theirs = recorded.get("fit_options")
+    if theirs != fit_args:
+        # Any worker writes the database: its options are quoted and escaped, never pasted raw onto the terminal.
+        said = shown_command(theirs, markup=False) if isinstance(theirs, list) else shown(repr(theirs), markup=False)
+        print(
+            f"note: study {study.study_name} was started with the fit options {said}; "
+            f"this worker's are {shown_command(fit_args, markup=False)}",
+            file=sys.stderr,
+        )
 
 
 def run_study(
@@ -239,20 +245,31 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     rows = []
     for trial in trials:
         value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
-        rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}",
-                     *(trial.params.get(name, "") for name in names), str(out_dir / f"trial_{trial.number:03d}")])  # fmt: skip
+        params = [trial.params.get(name, "") for name in names]
+        run_dir = str(out_dir / f"trial_{trial.number:03d}")
+        rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, run_dir])
+    # The parameters' names and values are the database's word: in the CSV, neither a formula nor an escape sequence.
+    header = ["trial", "state", monitor, *names, "run_dir"]
+    safe = [
+        [cell if isinstance(cell, int | float) else spreadsheet_safe(shown(cell, markup=False)) for cell in row]
+        for row in [header, *rows]
+    ]
     text = io.StringIO()
-    safe = [[cell if isinstance(cell, int | float) else spreadsheet_safe(str(cell)) for cell in row] for row in rows]
-    csv.writer(text).writerows([["trial", "state", monitor, *names, "run_dir"], *safe])
+    csv.writer(text).writerows(safe)
     out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
     write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
-    table = Table("trial", "state", monitor, *(short if len(set(short)) == len(short) else names), "run",
-                  title=f"study {study.study_name} ({out_dir})")  # fmt: skip
+    columns = short if len(set(short)) == len(short) else names
+    table = Table(
+        *map(shown, ["trial", "state", monitor, *columns, "run"]),
+        title=f"study {shown(study.study_name)} ({shown(out_dir)})",
+    )
     for *cells, run_dir in rows:
-        table.add_row(*(f"{cell:.4g}" if isinstance(cell, float) else str(cell) for cell in cells), Path(run_dir).name)
+        table.add_row(
+            *(f"{cell:.4g}" if isinstance(cell, float) else shown(cell) for cell in cells), shown(Path(run_dir).name)
+        )
     # Whole values in a log (a SLURM job's, say): a terminal's width only where there is one.
-    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200, highlight=False)
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200, highlight=False, emoji=False)
     console.print(table)
     # best.yaml is this worker's own fit options plus the best trial's values checked against the local space:
     # any worker writes the database, so no text from it is parsed, and a trial outside the space is passed over.
@@ -262,7 +279,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
             params = checked_params(best, space, f"trial {best.number} of study {study.study_name}")
             break
         except ValueError as error:
-            console.print(f"{error}: passed over")
+            console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
     else:
         console.print("no trial completed within the space: no best.yaml")
         return
@@ -273,9 +290,9 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
     head += f"{out_dir / f'trial_{best.number:03d}'})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
-    console.print(f"best trial       {best.number}: {monitor} {best.value:.4f}")
-    console.print(f"its config       {out_dir / 'best.yaml'}")
-    console.print(f"all trials       {out_dir / 'trials.csv'}")
+    console.print(f"best trial       {best.number}: {shown(monitor)} {best.value:.4f}")
+    console.print(f"its config       {shown(out_dir / 'best.yaml')}")
+    console.print(f"all trials       {shown(out_dir / 'trials.csv')}")
 
 
 def one_process(config: dict) -> list[str]:
@@ -334,6 +351,7 @@ def main(args: list[str]) -> None:
     storage_url = options.storage or f"sqlite:///{runs_dir / 'optuna.db'}"
     study = open_study(options, storage_url, "maximize" if mode == "max" else "minimize")
     same_study(study, space, fit_args)
-    print(f"study {options.study_name} in {storage_url} (optuna-dashboard {storage_url})", file=sys.stderr)
+    dashboard = shown_command(["optuna-dashboard", storage_url], markup=False)
+    print(f"study {options.study_name} in {shown(storage_url, markup=False)} ({dashboard})", file=sys.stderr)
     run_study(study, options, fit_args, space, monitor, runs_dir)
     report(study, runs_dir / options.study_name, monitor, space, fit_args)

