@@ -26,7 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torch import nn
 
@@ -247,7 +247,23 @@ def component(value: Any, kind: str, key: str, source: str, own: set[str]) -> di
     if kind == "net" and not bounded(init_args):
         refuse(source, f"{key}.init_args", init_args, f"with numbers above {NETWORK_INT} or lists over {NETWORK_LIST}")
     init_args = arguments(target, init_args, f"{key}.init_args", source, own)
+    if parameters(target)[1]:  # **kwargs this reading cannot follow: the one the CLI will apply says what it takes
+        takes(target, init_args, f"{key}.init_args", source)
     return {"class_path": value["class_path"], "init_args": init_args}
+
+
+def takes(target: Any, init_args: dict, key: str, source: str) -> None:
+    """Refuse ``init_args`` that jsonargparse would not pass to ``target`` (an unknown name, an int for a bool): the
+    command's parse would blame the user's options for the file's."""
+    parser = ArgumentParser(exit_on_error=False)
+    try:
+        (parser.add_class_arguments if isinstance(target, type) else parser.add_function_arguments)(target, "args")
+    except Exception:  # a signature it cannot read: the command's own parse says what is wrong
+        return
+    try:
+        parser.parse_object({"args": init_args})
+    except Exception as error:
+        refuse(source, key, init_args, f"which {target.__name__} does not take ({' '.join(str(error).split())})")
 
 
 def bounded(value: Any) -> bool:

@@ -597,6 +597,26 @@ def test_a_network_record_is_refused_where_the_builder_wraps_the_refusal_in_an_e
     assert time.perf_counter() - started < 20
 
 
+@pytest.mark.parametrize("change", [{"bogus": 1}, {"zero_init_residual": 1}])
+def test_arguments_a_builder_takes_through_kwargs_are_held_to_its_own_types(trained, tmp_path, change, capsys):
+    """torchvision's builders take ``**kwargs`` on to the network: what jsonargparse would refuse there (an unknown
+    name, a number for a bool) is the file's error, refused naming it, not a usage error blaming the user's options."""
+    import torchvision
+
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]
+    net = torchvision.models.resnet18(num_classes=10)
+    checkpoint["state_dict"] = {f"net.{key}": value for key, value in net.state_dict().items()}
+    init_args = {"num_classes": 10, **change}
+    checkpoint["hyper_parameters"]["net"] = {"class_path": "torchvision.models.resnet18", "init_args": init_args}
+    torch.save(checkpoint, tmp_path / "resnet18.ckpt")
+    with pytest.raises(UnsafeCheckpointError, match=re.escape("its hyper_parameters.net.init_args is")):
+        restore.restore(tmp_path / "resnet18.ckpt", ClassificationModule, None, fit=False)
+    checkpoint["hyper_parameters"]["net"]["init_args"] = {"num_classes": 10, "zero_init_residual": True}
+    torch.save(checkpoint, tmp_path / "resnet18.ckpt")
+    restore.restore(tmp_path / "resnet18.ckpt", ClassificationModule, None, fit=False)  # its own type: restored
+
+
 def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(trained, tmp_path, monkeypatch):
     """torchvision's segmentation builders load an ImageNet backbone by default (``weights_backbone``), unpickling
     the hub cache's file as it finds it: a planted one ran code. Such builders are no classifiers and no registry
