@@ -491,6 +491,18 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     return restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
 
 
+def named_again(config: dict) -> list[str]:
+    """The options that name again the classes of the user's own in ``config`` (registry names need none): a command
+    of a checkpoint of it imports them only where the user's command names them."""
+    options = []
+    for name in sorted(class_paths(config)):
+        if name not in registry():
+            obj = pkgutil.resolve_name(name)
+            kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
+            options += [OWN_OPTIONS[kind], name] if kind in OWN_OPTIONS else []
+    return options
+
+
 def fit_data(restored: Restored, data: Any) -> None:
     """Refuse data that contradicts what the checkpoint was trained on (a silent resize or another class list
     would give confident answers to a different question); normalise as in training."""

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from template.callbacks import TrainingMonitor
+from template.restore import named_again
 from template.runs import loggers_of
 from template.tracking import where_to_look
 
@@ -60,7 +61,8 @@ def print_summary(cli, run_dir: Path) -> None:
         if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
             root = getattr(cli.datamodule, "root", None)  # where the images are: the command says, never the file
             where = ["--data.root", root] if root else []
-            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *where]
+            own = named_again(cli.config.get(str(cli.subcommand), cli.config).as_dict())  # your own classes, again
+            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *own, *where]
             lines.append(f"test it, once:   {shown_command(test)}")
     rows = next((c.rows for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
     if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:

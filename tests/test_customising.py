@@ -121,12 +121,13 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert not (tmp_path / "planted-module-ran").exists()
     summary_says = shlex.split(re.search(r"test it, once: +(.*)", fit.stdout).group(1))
-    assert summary_says[:2] == ["template", "test"]
-    export = ["export", "--ckpt_path", summary_says[-1], "--format", "safetensors", "--output", "net.safetensors"]
-    for command, done in ((summary_says[1:] + quick, "test/acc"), (export, "parity")):
-        advice = re.search(r"name it again: (--model \S+);", run(*command).stderr).group(1)  # not registered
-        named_again = run(*command, *advice.split())
-        assert named_again.returncode == 0 and done in named_again.stdout, named_again.stderr[-3000:]
+    assert summary_says[:2] == ["template", "test"] and summary_says[-2:] == ["--model", "my_module.F1Module"]
+    tested = run(*summary_says[1:], *quick)  # as the summary says: your module named again
+    assert tested.returncode == 0 and "test/acc" in tested.stdout, tested.stderr[-3000:]
+    export = ["export", "--ckpt_path", summary_says[3], "--format", "safetensors", "--output", "net.safetensors"]
+    advice = re.search(r"name it again: (--model \S+);", run(*export).stderr).group(1)  # not registered
+    named_again = run(*export, *advice.split())
+    assert named_again.returncode == 0 and "parity" in named_again.stdout, named_again.stderr[-3000:]
 
 
 def test_fast_dev_run_says_it_wrote_nothing(run_cli, capsys):

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template.summary import print_summary
@@ -24,7 +25,7 @@ def fitted(best_model_path: str) -> SimpleNamespace:
     last.best_model_path = str(Path(best_model_path).parent / "last.ckpt")
     trainer = SimpleNamespace(checkpoint_callbacks=[best, last], callbacks=[best, last], loggers=[None])
     return SimpleNamespace(
-        trainer=trainer, datamodule=SimpleNamespace(root="images"), run_name=None, config={}, subcommand="fit"
+        trainer=trainer, datamodule=SimpleNamespace(root="images"), run_name=None, config=Namespace(), subcommand="fit"
     )
 
 
