@@ -27,7 +27,7 @@ fit: $(RUNTIME)
 	$(BIN)/template test --ckpt_path best
 
 test: $(STAMP)
-	$(BIN)/python -m pytest --nbmake tests notebooks
+	$(BIN)/python -m pytest --nbmake --durations=20 tests notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
