@@ -7,6 +7,7 @@ import json
 import os
 import pkgutil
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,9 @@ def where_to_look(tracker: Logger, settings: Namespace) -> str:
         uri = init_args.get("tracking_uri") or ""
         if uri.startswith(("http://", "https://")):
             return f"mlflow:          {uri}/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
-        return f"mlflow:          run {tracker.run_id}: mlflow ui --backend-store-uri {uri}"
+        return f"mlflow:          run {tracker.run_id}: mlflow ui --backend-store-uri {shlex.quote(uri)}"
     if isinstance(tracker, WandbLogger):
         run = tracker.experiment
-        return f"wandb:           wandb sync {run.settings.sync_dir}" if run.offline else f"wandb:           {run.url}"
+        sync = f"wandb sync {shlex.quote(str(run.settings.sync_dir))}"
+        return f"wandb:           {sync}" if run.offline else f"wandb:           {run.url}"
     return f"{type(tracker).__name__}: {tracker.name} {tracker.version}"

@@ -3,6 +3,7 @@ and metrics, and a resumed fit logs on into the same tracker run."""
 
 import json
 import os
+import shlex
 import socket
 import struct
 import subprocess
@@ -24,6 +25,7 @@ from template.tracking import (
     flattened,
     resolve_trackers,
     tracker_runs,
+    where_to_look,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,3 +269,18 @@ def test_a_wandb_offline_run_holds_the_config_and_metrics_and_a_resume_keeps_its
                 )
     assert epochs == [0, 1]
     assert config["model.init_args.optimizer.init_args.lr"] == 0.003 and config["trainer.max_epochs"] == 1
+
+
+def test_the_summary_command_of_a_tracker_quotes_its_store(tmp_path):
+    """A store in a folder with a space (or any shell character) stays one argument of the command to paste."""
+    from lightning.pytorch import loggers
+
+    class Tracker(loggers.MLFlowLogger):
+        run_id = "0123abcd"
+
+        def __init__(self) -> None:  # what the summary reads of a run, without a store
+            pass
+
+    store = f"file:{tmp_path / 'my runs; rm -rf x'}"
+    line = where_to_look(Tracker(), Namespace(init_args=Namespace(tracking_uri=store)))
+    assert shlex.split(line.split(": ", 2)[-1]) == ["mlflow", "ui", "--backend-store-uri", store]
