@@ -28,6 +28,12 @@ def at_last_batch(trainer: L.Trainer, validating: bool) -> bool:
     return (loop.val_loop if validating else loop).batch_progress.is_last_batch
 
 
+def batches_done_in_epoch(trainer: L.Trainer) -> int:
+    """The batches a fit resumed within an epoch had run of it (0 at an epoch's start)."""
+    loop = trainer.fit_loop.epoch_loop
+    return loop.batch_progress.current.ready if loop.restarting else 0
+
+
 def kill_launched(trainer: L.Trainer, signal: int) -> None:
     """Signal the processes Lightning's launcher started (DDP ranks), as it does on a second Ctrl-C."""
     if trainer.strategy.launcher is not None:

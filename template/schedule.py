@@ -13,6 +13,8 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CyclicLR, LRScheduler
 
+from template.compat import batches_done_in_epoch
+
 
 class Factory(functools.partial):
     """An optimizer's or scheduler's factory, shared by a copy of its module (EMAWeightAveraging's), not copied:
@@ -55,7 +57,8 @@ class WarmupCosine(LRScheduler):
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
         if cycles < 1 or not 0.0 <= warmup_start <= 1.0:
             raise ValueError(f"cycles must be at least 1 and warmup_start in [0, 1], got {cycles}, {warmup_start}")
-        self.total_steps, self.warmup_steps = total_steps, round(warmup_fraction * total_steps)
+        self.total_steps, self.warmup_fraction = total_steps, warmup_fraction
+        self.warmup_steps = round(warmup_fraction * total_steps)
         self.min_lr_ratio, self.cycles, self.warmup_start = min_lr_ratio, cycles, warmup_start
         super().__init__(optimizer, last_epoch)
 
@@ -76,18 +79,21 @@ class WarmupCosine(LRScheduler):
         return [base_lr * self.lr_factor(self.last_epoch) for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the position in the schedule, but keep this run's plan: a run resumed with a larger
-        max_epochs or max_steps follows the new total from the step it stands at."""
-        planned = {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
+        """Restore the schedule as it stood. A run resumed with another length (max_epochs, max_steps, or optimizer
+        steps an epoch: batch size, accumulation, images) is re-planned by ``replan`` as training starts, once
+        the run's remaining length is known: the new total from the step it stands at."""
         super().load_state_dict(state_dict)
-        if state_dict.get("total_steps") == planned["total_steps"]:
-            return  # the same plan: an exact resume
-        self.__dict__.update(planned)
+        self.resumed = True
+
+    def replan(self, total_steps: int) -> None:
+        """Plan over ``total_steps`` (where the resumed run ends), from the step the schedule stands at."""
+        planned = self.total_steps
+        self.total_steps, self.warmup_steps = max(1, total_steps), round(self.warmup_fraction * total_steps)
         self._last_lr = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr  # the next step already uses the new plan
         rank_zero_info(
-            f"learning-rate schedule re-planned from {state_dict.get('total_steps')} to {self.total_steps} "
+            f"learning-rate schedule re-planned from {planned} to {self.total_steps} "
             f"optimizer steps; continuing from step {self.last_epoch}"
         )
 
@@ -139,12 +145,28 @@ def interval_of(scheduler: Any) -> str:
 PLANNED_LENGTHS, PLANNED_STEPS = ("total_steps", "T_max"), ("step_size", "milestones", "total_iters")
 
 
+def run_end(trainer: Any) -> float:
+    """The optimizer step a resumed run ends at: the steps done, then the epochs left at this run's steps an epoch.
+    Lightning's estimate counts every epoch at today's (another batch size: another count), from step 0."""
+    estimated = trainer.estimated_stepping_batches
+    if trainer.max_epochs in (None, -1) or not math.isfinite(trainer.num_training_batches):
+        return estimated
+    per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+    done = math.ceil(batches_done_in_epoch(trainer) / trainer.accumulate_grad_batches)  # resumed within an epoch
+    end = trainer.global_step + max(0, trainer.max_epochs - trainer.current_epoch) * per_epoch - done
+    return min(end, trainer.max_steps) if trainer.max_steps != -1 else end
+
+
 def check_plan(trainer: Any) -> None:
     """Hold each scheduler's plan to the run it steps through (optimizer steps or epochs, by its interval), before
     training: ``total_steps`` short of the run is an error (the rest would train at the schedule's end, its floor;
     OneCycleLR fails there); a plan the run does not play out as written, a warning (``max_steps`` may stop a
     longer plan early on purpose). A run of no set length (``max_epochs`` -1) is not checked."""
     for config in trainer.lr_scheduler_configs:
+        if config.scheduler.__dict__.pop("resumed", False):  # resumed, and another length: fit to it
+            if (end := int(run_end(trainer))) != config.scheduler.total_steps:
+                config.scheduler.replan(end)
+            continue
         step = config.interval == "step"
         run = trainer.estimated_stepping_batches if step else trainer.max_epochs
         if run is None or not 0 < run < math.inf:

@@ -11,6 +11,7 @@ import torch
 from template.checkpoints import CheckpointError
 from template.compat import (
     at_last_batch,
+    batches_done_in_epoch,
     is_compiled,
     kill_launched,
     logged_params,
@@ -47,10 +48,22 @@ def test_each_internal_still_does_what_the_project_needs(monkeypatch, tmp_path):
             if not trainer.sanity_checking:
                 seen.setdefault("val", []).append(at_last_batch(trainer, validating=True))
 
+    class Within(L.Callback):  # a checkpoint within the epoch, and what a fit resumed from it had run of the epoch
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                trainer.save_checkpoint(tmp_path / "within.ckpt")
+
+        def on_train_start(self, trainer, pl_module):
+            seen.setdefault("done", []).append(batches_done_in_epoch(trainer))
+
     trainer = L.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[Probe()])  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[Probe(), Within()])  # fmt: skip
     trainer.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule())
-    assert seen == {"train": [False, False, True], "val": [False, True]}
+    assert seen == {"train": [False, False, True], "val": [False, True], "done": [0]}
+    resumed = L.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[Within()])  # fmt: skip
+    resumed.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule(), ckpt_path=tmp_path / "within.ckpt")
+    assert seen["done"] == [0, 2]
     trainer.save_checkpoint(tmp_path / "a.ckpt")
     checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=True)
     checkpoint["loops"].pop("validate_loop")

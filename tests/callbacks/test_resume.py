@@ -161,6 +161,19 @@ def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_c
     assert [epoch for epoch, _ in epoch_rows(run_dir)] == ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow
+def test_resuming_with_fewer_steps_an_epoch_replans_over_the_steps_the_run_has_left(run_cli):
+    """Resumed with a larger batch (here: fewer batches), Lightning's estimate counts every epoch at the new size
+    from step 0: 4 epochs of 3 steps, 12, which the first run had already reached. The schedule plans over the
+    steps done and those left (12 + 2 x 3), not from its floor (an LR of 0) for the rest of the run."""
+    run_cli("fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "6")
+    fewer = ["--trainer.limit_train_batches", "3", "--trainer.log_every_n_steps", "1"]
+    resumed = run_cli("fit", "--trainer.max_epochs", "4", *fewer, "--ckpt_path", "last")
+    assert resumed.trainer.lr_scheduler_configs[0].scheduler.total_steps == 18
+    lr = scalars(Path(resumed.trainer.log_dir))["lr/decay"]
+    assert all(lr[step] > 1e-4 for step in range(12, 17)), lr
+
+
 def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_every_group(run_cli):
     # The unfrozen backbone's groups joined the optimizer and the schedule during the run: a checkpoint then holds
     # more of them than a run just started keeps, and is no damaged one for that.
