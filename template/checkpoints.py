@@ -321,13 +321,14 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
-    """The best or last checkpoint of the run under ``runs_dir`` whose ``checkpoints/last.ckpt`` was written
-    last: a `validate` or `test` run (which writes no checkpoints) never hides the run it evaluated."""
+    """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was
+    written last (a `validate` or `test` run, which writes no checkpoints, never hides the run it evaluated); its
+    last is the newer of the two: a run pre-empted within an epoch resumes from where it stopped."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
     lasts, future = [], []
-    for path in runs_dir.glob("**/checkpoints/last.ckpt"):
+    for path in (*runs_dir.glob("**/checkpoints/last.ckpt"), *runs_dir.glob("**/checkpoints/preempted.ckpt")):
         if path.is_file():  # a FIFO or device by that name is no run's
             (future if path.stat().st_mtime > now + 60 else lasts).append(path)
     if future:  # a copy that kept its author's clock (tar does) must not pass for this machine's latest run

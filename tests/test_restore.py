@@ -455,7 +455,7 @@ def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
 
 
-def test_the_latest_run_is_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path):
+def test_the_latest_run_is_the_one_written_last_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path):
     """``--ckpt_path best`` / ``last`` take the run whose last.ckpt was written last: a stranger's run unpacked with its
     author's clock (tar keeps file times) or a FIFO by that name must not pass for it (nor hang the search)."""
     runs = tmp_path / "runs"
@@ -468,6 +468,16 @@ def test_the_latest_run_is_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path)
     os.mkfifo(runs / "fifo" / "version_0" / "checkpoints" / "last.ckpt")
     with pytest.warns(UserWarning, match="dated in the future"):
         assert find_checkpoint("last", runs) == runs / "mine" / "version_0" / "checkpoints" / "last.ckpt"
+    stopped = runs / "stopped" / "version_0" / "checkpoints"  # pre-empted within its first epoch: no last.ckpt yet
+    stopped.mkdir(parents=True)
+    torch.save({"callbacks": {}}, stopped / "preempted.ckpt")
+    assert find_checkpoint("last", runs) == stopped / "preempted.ckpt"
+    time.sleep(0.01)
+    torch.save({"callbacks": {}}, stopped / "last.ckpt")  # resumed, and on past an epoch's end
+    assert find_checkpoint("last", runs) == stopped / "last.ckpt"
+    (stopped / "preempted.ckpt").touch()  # pre-empted again, within a later epoch
+    assert find_checkpoint("last", runs) == stopped / "preempted.ckpt"
+    shutil.rmtree(runs / "stopped")
     os.mkfifo(runs / "mine" / "version_0" / "checkpoints" / "best-epoch001.ckpt")
     with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="holds no best"):
         find_checkpoint("best", runs)
