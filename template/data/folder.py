@@ -1,5 +1,6 @@
 """Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -153,6 +154,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.folders = self._scan(classes)
         self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray, np.ndarray | None]] = {}
         self.split_files: dict[str, list[Path]] = {}
+        self.drawn: dict[str, str] = {}  # split -> digest of its files, where splits are drawn from train/
         self.class_names = list(classes) if classes else sorted(self.folders["train"])
         self.num_classes = len(self.class_names)
 
@@ -300,12 +302,39 @@ class ImageFolderDataModule(ImageDataModule):
         files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
             parts = stratified_split(labels[keep], list(held_out.values()), self.split_seed)
+            names = [str(files[index].relative_to(self.root)) for index in keep]
+            for name, part in zip(["train", *held_out], parts):
+                self.drawn[name] = hashlib.sha256("\n".join(sorted(names[i] for i in part)).encode()).hexdigest()
             keep = keep[parts[0 if split == "train" else 1 + list(held_out).index(split)]]
         self.split_files[split] = [files[index] for index in keep]
         if split == "predict":
             self.predict_ids = [str(path) for path in self.split_files[split]]
         images = torch.from_numpy(np.asarray(cached[keep])) if cached is not None else None
         return images, torch.from_numpy(labels[keep])
+
+    def state_dict(self) -> dict:
+        """The base's, and which files the splits drawn from train/ held (digests): evaluated later, they must."""
+        return super().state_dict() | ({"drawn_splits": dict(self.drawn)} if self.drawn else {})
+
+    def load_state_dict(self, state: dict) -> None:
+        """Refuse to score held-out images a checkpoint's run may have trained on: splits drawn again from a train/
+        that has changed since (images added, removed, renamed; another split_seed) mix the two; resumed, warn."""
+        super().load_state_dict(state)
+        recorded = state.get("drawn_splits") if isinstance(state.get("drawn_splits"), dict) else {}
+        moved = [
+            split for split, digest in self.drawn.items() if split != "train" and recorded.get(split, digest) != digest
+        ]
+        if moved:
+            why = (
+                f"the {' and '.join(moved)} images drawn from {self.root}/train are not the ones the checkpoint's run "
+                "held out (images added, removed or renamed since, or another split_seed), so they mix with images "
+                "it trained on; use the files it was trained with, or keep held-out images in val/ and test/ folders"
+            )
+            stage = self.trainer.state.fn if self.trainer is not None else None
+            scored = "val" if stage == "validate" else "test" if stage == "test" else None
+            if scored in moved:
+                raise ValueError(f"{why}: its scores would count images it has seen")
+            rank_zero_warn(why)
 
     def make_dataset(self, split: str) -> Dataset:
         images, labels = self.load_split(split)

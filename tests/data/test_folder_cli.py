@@ -114,3 +114,21 @@ def test_a_checkpoint_recording_a_data_option_since_removed_still_evaluates(run_
     with pytest.warns(UserWarning, match="cache_max_size .* no longer options of ImageFolderDataModule: left out"):
         tested = run_cli("test", "--ckpt_path", str(tmp_path / "older.ckpt"), "--data.root", str(root))
     assert "test/acc" in tested.trainer.callback_metrics
+
+
+def test_held_out_images_drawn_again_from_a_changed_train_folder_are_not_scored(run_cli, tmp_path):
+    """val and test drawn from train/ (no val/ or test/ folders) are drawn again by every command: an image added to
+    train/ later reshuffles them, and the test split then holds images the run trained on. The checkpoint records
+    which files each drawn split held; scoring other ones is refused, naming them, and resuming on them warns."""
+    root = write_image_folder(tmp_path / "images", per_class=12)
+    data = ["--data", "template.data.ImageFolderDataModule", "--data.root", str(root), "--data.image_size", "16",
+            "--data.num_workers", "0", "--data.test_fraction", "0.2", "--data.cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    best = run_cli("fit", *data, "--trainer.max_epochs", "1").trainer.checkpoint_callback.best_model_path
+    assert "test/acc" in run_cli("test", "--ckpt_path", best, *data).trainer.callback_metrics  # the same files
+    with pytest.raises(Exception, match=r"the val( and test)? images drawn from .* are not the ones the checkpoint"):
+        run_cli("validate", "--ckpt_path", best, *data, "--data.split_seed", "7")  # another draw
+    shutil.copy(root / "train" / "cat" / "000.png", root / "train" / "cat" / "100.png")  # one more, added later
+    with pytest.raises(Exception, match=r"the (val and )?test images drawn from .* are not the ones the checkpoint"):
+        run_cli("test", "--ckpt_path", best, *data)
+    with pytest.warns(UserWarning, match="are not the ones the checkpoint's run held out"):
+        run_cli("fit", "--ckpt_path", best, *data, "--trainer.max_epochs", "2")
