@@ -139,8 +139,8 @@ def read_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         raise CheckpointError(
             f"{path} is not a Lightning checkpoint (no pytorch-lightning_version: a plain state_dict, or another "
-            "tool's file). --ckpt_path takes the .ckpt files of a run; to start from these weights, load them into "
-            "the network with template.checkpoints.load_weights."
+            "tool's file). --ckpt_path takes the .ckpt files of a run; to start a run from these weights, give them "
+            f"as --weights_file {path} (README: fine-tuning)."
         )
     return checkpoint
 

@@ -178,6 +178,10 @@ def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
 
 def settle_trainer(trainer: Namespace) -> None:
     """No progress bar callback when it is off, SyncBatchNorm only on CUDA, cuDNN autotuning unless deterministic."""
+    if type(trainer.accumulate_grad_batches) is int and trainer.accumulate_grad_batches < 1:  # Lightning divides by it
+        raise ValueError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: at least 1 (no accumulation)"
+        )
     if trainer.callbacks and trainer.enable_progress_bar is False:
         trainer.callbacks = [c for c in trainer.callbacks if "ProgressBar" not in c.class_path]
     if trainer.sync_batchnorm and not (torch.cuda.is_available() and trainer.accelerator in ("auto", "gpu", "cuda")):

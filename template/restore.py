@@ -516,7 +516,8 @@ def fit_data(restored: Restored, data: Any) -> None:
     if mismatches:
         raise ValueError(
             f"{restored.path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
-            "that change them: evaluating a checkpoint starts from the data it was trained with."
+            "that change them (on the command line or in a --config file): evaluating a checkpoint starts from the "
+            "data it was trained with."
         )
     if restored.preprocessing is not None and hasattr(data, "use_preprocessing"):
         data.use_preprocessing(restored.preprocessing, source=str(restored.path))  # without its training images

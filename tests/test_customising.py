@@ -44,6 +44,19 @@ def test_an_option_name_must_match_exactly_and_a_misspelt_one_names_the_nearest(
     assert "--trainer.max_epoch: no such option; did you mean --trainer.max_epochs?" in error
 
 
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches=0: at least 1"),
+        (["--data.val_fraction", "0"], "data.val_fraction=0.0, data.test_fraction=0.2: each must be above 0"),
+    ],
+)
+def test_a_value_no_run_can_take_is_refused_naming_its_option(tmp_path, capsys, options, named):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args(tmp_path / "runs"), "--trainer.max_epochs", "1", *options])
+    assert exit_info.value.code == 1 and named in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_evaluating_a_limited_training_run_evaluates_the_whole_split_and_says_how_many(run_cli, capsys):
     run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1")

@@ -28,7 +28,10 @@ def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
 
 
 def current_lr(trainer: L.Trainer) -> float:
-    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+    """The largest of the parameter groups' learning rates: the head's, where layer decay or a frozen backbone's
+    scale lowers the others (the first group is then the stem's)."""
+    groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+    return max((group["lr"] for group in groups), default=float("nan"))
 
 
 class TrainingMonitor(Callback):

@@ -34,11 +34,15 @@ from template.data.loaders import (  # one name a line: a renamed project's long
 from template.data.preprocessing import check_preprocessing
 
 
-def stratified_split(labels: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, fractions: Sequence[float], seed: int, names: Sequence[str] = ()
+) -> list[np.ndarray]:
     """Indices in len(fractions) + 1 disjoint parts that keep the class proportions: the remainder first,
-    then one per fraction. A plain random split can give a validation set without some classes."""
+    then one per fraction (the options ``names``, for errors). A plain random split can give a validation set
+    without some classes."""
     if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
-        raise ValueError(f"split fractions {list(fractions)} must be positive and sum to less than 1")
+        given = ", ".join(f"data.{name}={fraction}" for name, fraction in zip(names, fractions))
+        raise ValueError(f"{given or f'split fractions {list(fractions)}'}: each must be above 0, all below 1 together")
     classes = len(np.unique(labels))
     for fraction in fractions:
         if round(fraction * len(labels)) < classes:

@@ -125,6 +125,6 @@ class CIFAR10DataModule(ImageDataModule):
         if self._train is None:
             self._train = read_batches(folder, TRAIN_FILES)
         images, labels = self._train
-        train, val = stratified_split(labels.numpy(), [self.val_fraction], self.split_seed)
+        train, val = stratified_split(labels.numpy(), [self.val_fraction], self.split_seed, ["val_fraction"])
         index = torch.from_numpy(train if split == "train" else val)
         return images[index], labels[index]

@@ -42,7 +42,12 @@ class DigitsDataModule(ImageDataModule):
             digits = load_digits()  # pixel values 0..16, scaled to the uint8 every source gives: (N, 1, 8, 8)
             self._images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None])
             self._labels = torch.from_numpy(digits.target).long()
-            train, val, test = stratified_split(digits.target, [self.val_fraction, self.test_fraction], self.split_seed)
+            train, val, test = stratified_split(
+                digits.target,
+                [self.val_fraction, self.test_fraction],
+                self.split_seed,
+                ["val_fraction", "test_fraction"],
+            )
             self.split_indices = {"train": train, "val": val, "test": test}
             # predict serves the test split; name each row by its index in load_digits().
             self.predict_ids = [f"digits[{index}]" for index in test]

@@ -301,7 +301,9 @@ class ImageFolderDataModule(ImageDataModule):
         source = "train" if split in held_out else split
         files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
-            parts = stratified_split(labels[keep], list(held_out.values()), self.split_seed)
+            parts = stratified_split(
+                labels[keep], list(held_out.values()), self.split_seed, [f"{name}_fraction" for name in held_out]
+            )
             names = [str(files[index].relative_to(self.root)) for index in keep]
             for name, part in zip(["train", *held_out], parts):
                 self.drawn[name] = hashlib.sha256("\n".join(sorted(names[i] for i in part)).encode()).hexdigest()
