@@ -449,7 +449,9 @@ def build(spec: dict) -> Any:
     init_args = dict(spec["init_args"])
     types_ = parameters(target)[0]
     for name, value in init_args.items():
-        if isinstance(value, dict) and "class_path" in value:  # a network's block, a Lookahead's inner optimizer
+        # A network's block, a Lookahead's inner optimizer: where the parameter takes one (component() checked it),
+        # never a mapping of plain values that happens to hold a class_path key (timm_net's options).
+        if isinstance(value, dict) and "class_path" in value and kind_of(types_.get(name)) is not None:
             init_args[name] = build(value)
         elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
             init_args[name] = registry().get(value, (None, None))[1] or pkgutil.resolve_name(value)

@@ -627,6 +627,21 @@ def test_arguments_a_builder_takes_through_kwargs_are_held_to_its_own_types(trai
     restore.restore(tmp_path / "resnet18.ckpt", ClassificationModule, None, fit=False)  # its own type: restored
 
 
+@pytest.mark.parametrize("entry", ["validate", "load_from_checkpoint"])
+def test_a_mapping_of_plain_values_holding_a_class_path_is_never_built(trained, tmp_path, sentinel, entry):
+    """timm_net's ``options`` (a mapping of plain values) took ``{"class_path": any.name, "init_args": ""}``, which the
+    build then imported and called: any module, any function of no arguments. Only parameters that take a
+    component build one."""
+    pytest.importorskip("timm")
+    name, marker = sentinel
+    options = {"class_path": f"{name}.Net", "init_args": ""}
+    init_args = {"name": "resnet18", "num_classes": 10, "in_channels": 1, "options": options}
+    path = doctor(trained, tmp_path, {"net": {"class_path": "template.nets.timm_net", "init_args": init_args}})
+    with pytest.raises((SystemExit, Exception)):
+        enter(entry, path, tmp_path)
+    assert not marker.exists() and name not in sys.modules
+
+
 def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(trained, tmp_path, monkeypatch):
     """torchvision's segmentation builders load an ImageNet backbone by default (``weights_backbone``), unpickling
     the hub cache's file as it finds it: a planted one ran code. Such builders are no classifiers and no registry
