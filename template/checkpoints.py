@@ -20,7 +20,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from template.files import replaced_atomically
+from template.files import remove_stale_temporaries, replaced_atomically
 
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
@@ -64,6 +64,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         buffer = io.BytesIO()  # serialised first, as Lightning does: a failed write is then the file's, with its errno
         torch.save({**checkpoint, INTEGRITY_KEY: {"algorithm": "sha256", "tensors": tensor_digest(checkpoint)}}, buffer)
+        remove_stale_temporaries(path.parent, ".*.ckpt.*.tmp")  # a dead writer's, of any checkpoint of the run
         try:
             with replaced_atomically(path) as temporary:
                 temporary.write_bytes(buffer.getbuffer())

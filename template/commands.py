@@ -17,6 +17,7 @@ from template.cli import (  # one name a line: a renamed project's longer packag
     cli,
     wants_traceback,
 )
+from template.text import printable
 
 
 def main(args: list[str] | None = None) -> None:
@@ -37,7 +38,7 @@ def main(args: list[str] | None = None) -> None:
             raise
         # A mistake in the data or the options is every DDP process's: said once, by rank 0.
         if rank_zero_only.rank == 0 or not isinstance(error, ValueError | FileNotFoundError):
-            print(f"{PROGRAM}: error: {explain(error)}", file=sys.stderr)
+            print(f"{PROGRAM}: error: {printable(explain(error))}", file=sys.stderr)  # a file's name: no escapes run
             print(f"({TRACEBACK_VARIABLE}=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
     # Lightning leaves the process group up; a gloo group alive at exit can abort the process, and torchrun

@@ -11,7 +11,7 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
     """A temporary path to write, renamed to ``path`` when the block ends without an error: a link planted at
     ``path`` or at the temporary's name is replaced, never written through; an error leaves ``path`` as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
+    remove_stale_temporaries(path.parent, f".{path.name}.*.tmp")  # this file's own: a folder may be anyone's
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: the rename is atomic
     try:
         temporary.unlink(missing_ok=True)
@@ -34,9 +34,9 @@ def write_atomic(path: Path, text: str) -> None:
         temporary.write_text(text)
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Remove the temporary files (``.<name>.<pid>.tmp``) of writers no longer running."""
-    for stale in directory.glob(".*.tmp"):
+def remove_stale_temporaries(directory: Path, pattern: str) -> None:
+    """Remove the temporary files (``.<name>.<pid>.tmp``, matching ``pattern``) of writers no longer running."""
+    for stale in directory.glob(pattern):
         pid = stale.name.rsplit(".", 2)[-2]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue

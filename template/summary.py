@@ -1,36 +1,17 @@
-"""What a command says at its end: the run summary of a fit, how many images an evaluation scored; and how text from
-elsewhere (a checkpoint, a study's database) is shown on a terminal."""
+"""What a command says at its end: the run summary of a fit, how many images an evaluation scored."""
 
-import shlex
-from collections.abc import Iterable
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from rich.console import Console
-from rich.markup import escape
 
 from template.callbacks import TrainingMonitor
 from template.restore import named_again
 from template.runs import loggers_of
+from template.text import shown, shown_command
 from template.tracking import where_to_look
 
 PROGRAM = __package__
-
-
-def shown(text: object, markup: bool = True) -> str:
-    """``text`` as a terminal may show it, whoever wrote it (a checkpoint's paths, a study's parameter names):
-    characters that are not printable written as Python escapes them, so that an escape sequence (ESC, ``\\x1b``)
-    cannot retitle, recolour or rewrite the terminal; and, where rich will read it (``markup``), its markup
-    (``[link=...]``) as plain text. An ordinary path or name is shown as it is."""
-    text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
-    return escape(text) if markup else text
-
-
-def shown_command(args: Iterable, markup: bool = True) -> str:
-    """A command line to copy and paste: each argument quoted for the shell, so that a path holding ``; curl ... | sh``
-    stays one argument rather than a second command, then ``shown``. An argument with an unprintable character is
-    shown escaped: not that argument, but nothing a shell would run."""
-    return shown(shlex.join(str(arg) for arg in args), markup)
 
 
 def print_evaluated(cli, split: str) -> None:

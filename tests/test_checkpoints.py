@@ -21,6 +21,7 @@ from template.checkpoints import (
     load_weights,
 )
 from template.commands import main
+from template.files import write_atomic
 from template.nets import ResNetSmall
 
 WRITER = """
@@ -119,8 +120,12 @@ def test_the_temporary_files_of_dead_writers_are_removed_by_the_next_write(tmp_p
     stale = tmp_path / f".best-epoch003.ckpt.{int(dead.stdout)}.tmp"  # another name than the next write's
     running = tmp_path / f".last.ckpt.{os.getppid()}.tmp"  # a writer still alive: its file is left alone
     stale.write_bytes(b"half"), running.write_bytes(b"half")
+    others = tmp_path / f".thesis.tex.{int(dead.stdout)}.tmp"  # another program's, by the same convention
+    others.write_bytes(b"a draft")
     AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, "last.ckpt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, others.name, "last.ckpt"])
+    write_atomic(tmp_path / "cv.csv", "fold,acc\n")  # any other atomic write (an export, a table) removes its own only
+    assert others.exists()
 
 
 def test_the_previous_best_is_removed_only_once_the_new_best_is_on_disk(run_cli, monkeypatch):

@@ -16,6 +16,7 @@ from template.callbacks.run_record import run_directory
 from template.schedule import check_plan
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
+MAX_ROWS, MAX_NAMES = 100_000, 1_000  # metrics.csv rows (one an epoch) and columns a resumed run takes
 
 
 def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
@@ -62,9 +63,11 @@ class TrainingMonitor(Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         rows = state_dict.get("rows")  # untrusted: numbers under metric names only, never a spreadsheet formula
-        if isinstance(rows, list) and all(
-            isinstance(row, dict)
-            and all(isinstance(k, str) and METRIC_NAME.match(k) and isinstance(v, int | float) for k, v in row.items())
+        # and no more than a run writes: metrics.csv is rows times names cells, written again at every checkpoint
+        if not (isinstance(rows, list) and len(rows) <= MAX_ROWS and all(isinstance(row, dict) for row in rows)):
+            return
+        if len(set().union(*rows)) <= MAX_NAMES and all(
+            all(isinstance(k, str) and METRIC_NAME.match(k) and isinstance(v, int | float) for k, v in row.items())
             for row in rows
         ):
             self.rows = rows

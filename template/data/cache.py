@@ -83,6 +83,8 @@ def decode_all(
 def read_record(path: Path, files: int) -> dict:
     """A JSON record of the cache of ``files`` files; ValueError names the file when it is not one."""
     limit = RECORD_BYTES + files * RECORD_BYTES_PER_FILE
+    if path.exists() and not path.is_file():  # opened, a FIFO would wait for a writer forever
+        raise ValueError(f"{path} is no regular file")
     try:
         with path.open("rb") as file:
             text = file.read(limit + 1)
@@ -112,6 +114,8 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
         raise ValueError(f"{record_path} records the shape {record.get('shape')}, not {list(shape)}")
     invalid = invalid_files(record.get("invalid"), shape[0], record_path)
     try:
+        if not array_path.is_file():
+            raise OSError(f"{array_path} is no regular file")
         images = np.load(array_path, mmap_mode="r")
     except (OSError, ValueError) as error:  # a truncated array: "mmap length is greater than file size"
         raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error

@@ -19,6 +19,7 @@ from template.data.base import (  # one name a line: a renamed project's longer 
 from template.data.cache import CacheTooLarge, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
+from template.text import shown
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
@@ -35,6 +36,11 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
         skipped += [f"{p} (a link to a folder: not followed)" for p in paths if p.is_symlink() and p.is_dir()]
     if skipped:
         rank_zero_warn(describe(skipped, f"symlink(s) left out of {folder}; fix or remove them to silence this"))
+    inside, links = folder.resolve(), [p for p in paths if p.is_symlink() and p.exists()]
+    if outside := [f"{p} -> {p.resolve()}" for p in links if not p.resolve().is_relative_to(inside)]:
+        rank_zero_warn(
+            describe(outside, f"symlink(s) in {folder} to files outside it, followed: are they yours to use?")
+        )
     return paths
 
 
@@ -44,7 +50,7 @@ def list_files(folder: Path) -> list[Path]:
 
 def describe(paths: list[str], what: str) -> str:
     """``what``, counted, and the first MAX_LISTED of ``paths``, one a line."""
-    listed = "\n  ".join(paths[:MAX_LISTED])
+    listed = "\n  ".join(shown(path, markup=False) for path in paths[:MAX_LISTED])  # names: no line or escape of theirs
     more = f"\n  ... and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
     return f"{len(paths)} {what}:\n  {listed}{more}"
 

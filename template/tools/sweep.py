@@ -31,7 +31,7 @@ from rich.table import Table
 from template.callbacks.nonfinite import NonFiniteError
 from template.callbacks.predictions import spreadsheet_safe
 from template.cli import PROGRAM
-from template.summary import shown, shown_command
+from template.text import shown, shown_command
 
 try:
     import optuna

@@ -99,3 +99,16 @@ def test_each_metrics_csv_row_holds_its_own_epochs_train_acc(run_cli):
     logged = [round(event.value, 4) for event in events.Scalars("train/acc")]
     assert [row["epoch"] for row in rows] == ["0", "1", "2"] and len(set(logged)) == 3
     assert [round(float(row["train/acc"]), 4) for row in rows] == logged
+
+
+def test_a_resumed_metrics_table_larger_than_a_run_writes_is_not_taken():
+    """metrics.csv is rows times names cells, written at every checkpoint: a few MB of a checkpoint (one row of
+    20,000 names, the same small row 200,000 times) made gigabytes of it."""
+    from template.callbacks.monitor import TrainingMonitor
+
+    monitor, row = TrainingMonitor(), {"epoch": 0}
+    monitor.load_state_dict({"rows": [{f"m{i}": 0.0 for i in range(2_000)}]})
+    monitor.load_state_dict({"rows": [row] * 200_000})
+    assert monitor.rows == []
+    monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}, {"epoch": 1, "val/acc": 0.6}]})
+    assert len(monitor.rows) == 2

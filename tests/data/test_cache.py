@@ -115,3 +115,11 @@ def test_every_cache_file_arrives_whole_by_a_rename(image_folder, tmp_path, monk
     assert sorted(path.name.split(".", 1)[1] for path in written) == ["check.json", "json", "npy"]
     assert written == sorted(target for _, target in renamed)
     assert all(source.parent == target.parent for source, target in renamed)  # one file system: an atomic rename
+
+
+def test_a_fifo_where_a_cache_record_would_be_is_damage_not_a_wait(tmp_path):
+    from template.data.cache import read_record
+
+    os.mkfifo(tmp_path / "record.json")  # opened, it would wait for a writer forever
+    with pytest.raises(ValueError, match="is no regular file"):
+        read_record(tmp_path / "record.json", 10)

@@ -234,6 +234,27 @@ def test_broken_and_folder_symlinks_are_named_and_left_out(image_folder, tmp_pat
     assert len(data.folders["train"]["cat"]) == 12 and data.class_names == ["cat", "dog", "owl"]
 
 
+def test_links_to_files_outside_the_folder_are_followed_and_named(image_folder, tmp_path):
+    """A dataset from elsewhere can link its images to your own files (a class folder, a photo): they are read,
+    as a symlink farm's are, and named with where they lead, so that you see what is trained on and cached."""
+    private = write_image_folder(tmp_path / "private", classes=("mine",), per_class=2)
+    (image_folder / "train" / "emu").symlink_to(private / "train" / "mine", target_is_directory=True)
+    (image_folder / "train" / "cat" / "photo.png").symlink_to(private / "train" / "mine" / "000.png")
+    with pytest.warns(UserWarning, match=r"to files outside it, followed") as warned:
+        data = module(image_folder, tmp_path)
+    message = "\n".join(str(warning.message) for warning in warned)
+    assert f"{image_folder / 'train' / 'emu'} -> {private / 'train' / 'mine'}" in message
+    assert f"{image_folder / 'train' / 'cat' / 'photo.png'} -> {private / 'train' / 'mine' / '000.png'}" in message
+    assert data.class_names == ["cat", "dog", "emu", "owl"]
+
+
+def test_a_file_name_with_escape_sequences_is_listed_escaped(image_folder, tmp_path):
+    (image_folder / "train" / "cat" / "x\x1b]0;PWNED\x07.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError) as raised:
+        module(image_folder, tmp_path).setup("fit")
+    assert "\x1b" not in str(raised.value) and "x\\x1b]0;PWNED\\x07.png" in str(raised.value)
+
+
 def test_a_dataset_inside_a_hidden_folder_is_read(tmp_path):
     # Hidden names are skipped inside class folders only: ~/.cache/datasets is a fine home for one.
     root = write_image_folder(tmp_path / ".datasets" / "images", classes=("a", "b"), per_class=2)

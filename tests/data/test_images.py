@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,3 +51,24 @@ def test_the_exif_orientation_is_applied(tmp_path, cache, suffix):
 
     image = decoded(root, tmp_path, path, cache, image_size=(30, 10))  # (H, W): upright, portrait
     assert image[:, :8].mean() > 200 and image[:, 12:].mean() < 30  # the white third is now on top
+
+
+def test_a_file_is_read_as_a_raster_image_or_refused_never_handed_to_another_program(tmp_path, monkeypatch):
+    """Pillow tells a format by the bytes, whatever the name: an "image" that is PostScript would be rendered by
+    Ghostscript (a program of its own, with escapes of its own). Pixels with no 8- or 16-bit range (float, 32-bit)
+    are refused, not made black or saturated."""
+    from template.data.images import open_image
+
+    ran = tmp_path / "gs-ran"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "gs").write_text(f"#!/bin/sh\ntouch {ran}\n")
+    (tmp_path / "bin" / "gs").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    postscript = tmp_path / "photo.png"
+    postscript.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n")
+    with pytest.raises(Exception, match="cannot identify image file"):
+        open_image(postscript, "RGB")
+    assert not ran.exists()
+    Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32)).save(tmp_path / "float.tif")
+    with pytest.raises(ValueError, match="F pixels of no 8- or 16-bit range"):
+        open_image(tmp_path / "float.tif", "RGB")
