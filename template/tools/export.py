@@ -107,6 +107,8 @@ def export(
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
     path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a folder: give the file to write, e.g. {path / ('net' + FORMATS[fmt])}")
     # What a deployment needs beside the network; the defaults of the module for unnamed classes.
     class_names = hparams.get("class_names") or [str(index) for index in range(hparams["num_classes"])]
     metadata = {"class_names": json.dumps(class_names)}

@@ -47,6 +47,11 @@ def umask_022():
     os.umask(previous)
 
 
+def test_an_output_that_is_a_folder_is_named_so(checkpoint, tmp_path):
+    with pytest.raises(ValueError, match=r"--output .* is a folder: give the file to write, e.g. .*net.safetensors"):
+        export(checkpoint, "safetensors", tmp_path)
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_each_export_passes_its_parity_check(checkpoint, tmp_path, fmt, capsys, umask_022):
     path = export(checkpoint, fmt, tmp_path / f"net{FORMATS[fmt]}")
