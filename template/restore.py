@@ -103,13 +103,19 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         modules = [template.nets, template.data, template.schedule, template.optim, torch.optim]
         modules.append(torch.optim.lr_scheduler)
-        # Classifiers only: detection and segmentation builders load pretrained backbones by default.
-        modules += [m for name, m in list(sys.modules.items()) if re.match(r"torchvision\.models(\.\w+)?$", name)]
+        # Classifiers only: detection and segmentation builders load pretrained backbones by default (and get_model
+        # builds any of them by name).
+        modules += [m for name, m in list(sys.modules.items()) if re.match(r"torchvision\.models(\.[a-z]\w*)?$", name)]
         modules = [module for module in modules if not module.__name__.endswith(NOT_CLASSIFIERS)]
         for module in modules:  # their classes, and functions that build a network (resnet18, template.nets.timm_net)
             for attribute, obj in vars(module).items():
                 kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
-                if kind and not attribute.startswith("_") and not inspect.isabstract(obj) and obj not in BASES:
+                if (
+                    kind
+                    and not attribute.startswith(("_", "get_model"))
+                    and not inspect.isabstract(obj)
+                    and obj not in BASES
+                ):
                     entry = (kind, obj)
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
     return {**_built, **_registered}

@@ -132,7 +132,9 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
     except (TypeError, ValueError):
         takes_total = False
     if takes_total and given.get("total_steps") is None:
-        return make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
+        built = make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
+        built.planned_over_run = True  # the run's length, not the user's: a resume of another length re-plans it
+        return built
     return make(optimizer)
 
 
@@ -152,7 +154,8 @@ def run_end(trainer: Any) -> float:
     if trainer.max_epochs in (None, -1) or not math.isfinite(trainer.num_training_batches):
         return estimated
     per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-    done = math.ceil(batches_done_in_epoch(trainer) / trainer.accumulate_grad_batches)  # resumed within an epoch
+    ready = batches_done_in_epoch(trainer)  # resumed within an epoch; a window not yet stepped counts none
+    done = ready // trainer.accumulate_grad_batches if ready < trainer.num_training_batches else per_epoch
     end = trainer.global_step + max(0, trainer.max_epochs - trainer.current_epoch) * per_epoch - done
     return min(end, trainer.max_steps) if trainer.max_steps != -1 else end
 
@@ -163,9 +166,13 @@ def check_plan(trainer: Any) -> None:
     OneCycleLR fails there); a plan the run does not play out as written, a warning (``max_steps`` may stop a
     longer plan early on purpose). A run of no set length (``max_epochs`` -1) is not checked."""
     for config in trainer.lr_scheduler_configs:
-        if config.scheduler.__dict__.pop("resumed", False):  # resumed, and another length: fit to it
-            if (end := int(run_end(trainer))) != config.scheduler.total_steps:
+        resumed = config.scheduler.__dict__.pop("resumed", False)
+        if resumed and getattr(config.scheduler, "planned_over_run", False) and math.isfinite(run_end(trainer)):
+            if (end := int(run_end(trainer))) != config.scheduler.total_steps:  # another length: fit to it
                 config.scheduler.replan(end)
+                for optimizer in trainer.optimizers:  # Lookahead's ramp and last sync follow the same plan
+                    if getattr(optimizer, "total_steps", None):
+                        optimizer.total_steps = end
             continue
         step = config.interval == "step"
         run = trainer.estimated_stepping_batches if step else trainer.max_epochs

@@ -661,6 +661,11 @@ def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(tr
     torch.save(checkpoint, tmp_path / "segmenter.ckpt")
     with pytest.raises(UnsafeCheckpointError, match="no registered net"):
         restore.restore(tmp_path / "segmenter.ckpt", ClassificationModule, None, fit=False)
+    by_name = {"class_path": "torchvision.models.get_model", "init_args": {"name": "lraspp_mobilenet_v3_large"}}
+    checkpoint["hyper_parameters"]["net"] = by_name  # torchvision's builder of any of its networks, by name
+    torch.save(checkpoint, tmp_path / "segmenter.ckpt")
+    with pytest.raises(UnsafeCheckpointError, match="no registered net"):
+        restore.restore(tmp_path / "segmenter.ckpt", ClassificationModule, None, fit=False)
     assert not (tmp_path / "ran").exists()
 
     loaded = []

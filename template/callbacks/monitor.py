@@ -92,7 +92,7 @@ class TrainingMonitor(Callback):
         # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
         # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
-        self._lr = current_lr(trainer)  # the first group's: a schedule that collapsed shows
+        self._lr = current_lr(trainer)  # the largest group's: a schedule that collapsed shows
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])

@@ -174,6 +174,13 @@ def test_resuming_with_fewer_steps_an_epoch_replans_over_the_steps_the_run_has_l
     assert all(lr[step] > 1e-4 for step in range(12, 17)), lr
 
 
+def test_a_schedule_length_you_set_is_kept_on_a_resume_of_another_length(run_cli):
+    planned = ["--model.lr_scheduler.init_args.total_steps", "40", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", "--trainer.max_steps", "4", *planned)  # max_steps stops a longer plan early, on purpose
+    resumed = run_cli("fit", "--trainer.max_steps", "6", *planned, "--ckpt_path", "last")
+    assert resumed.trainer.lr_scheduler_configs[0].scheduler.total_steps == 40
+
+
 def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_every_group(run_cli):
     # The unfrozen backbone's groups joined the optimizer and the schedule during the run: a checkpoint then holds
     # more of them than a run just started keeps, and is no damaged one for that.
