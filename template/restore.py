@@ -501,13 +501,16 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
 
 def named_again(config: dict) -> list[str]:
     """The options that name again the classes of the user's own in ``config`` (registry names need none): a command
-    of a checkpoint of it imports them only where the user's command names them."""
+    of a checkpoint of it imports them only where the user's command names them. Read where each option's class
+    stands (model, data, model.net...), never resolved: a mapping of plain values may hold any class_path."""
     options = []
-    for name in sorted(class_paths(config)):
-        if name not in registry():
-            obj = pkgutil.resolve_name(name)
-            kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
-            options += [OWN_OPTIONS[kind], name] if kind in OWN_OPTIONS else []
+    for option in OWN_OPTIONS.values():
+        first, *rest = option.removeprefix("--").split(".")
+        node = config.get(first)
+        for part in rest:
+            node = (node.get("init_args") or {}).get(part) if isinstance(node, dict) else None
+        name = node.get("class_path") if isinstance(node, dict) else None
+        options += [option, name] if isinstance(name, str) and name not in registry() else []
     return options
 
 

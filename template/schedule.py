@@ -167,8 +167,8 @@ def check_plan(trainer: Any) -> None:
     longer plan early on purpose). A run of no set length (``max_epochs`` -1) is not checked."""
     for config in trainer.lr_scheduler_configs:
         resumed = config.scheduler.__dict__.pop("resumed", False)
-        if resumed and getattr(config.scheduler, "planned_over_run", False) and math.isfinite(run_end(trainer)):
-            if (end := int(run_end(trainer))) != config.scheduler.total_steps:  # another length: fit to it
+        if resumed and getattr(config.scheduler, "planned_over_run", False) and math.isfinite(end := run_end(trainer)):
+            if (end := int(end)) != config.scheduler.total_steps:  # another length: fit to it
                 config.scheduler.replan(end)
                 for optimizer in trainer.optimizers:  # Lookahead's ramp and last sync follow the same plan
                     if getattr(optimizer, "total_steps", None):

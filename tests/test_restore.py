@@ -833,3 +833,14 @@ def test_a_dangling_link_where_the_next_version_would_go_is_passed_over(trained,
     (run_dir.parent / "version_1").symlink_to(tmp_path / "nowhere")
     enter("validate", run_dir / "checkpoints" / "last.ckpt", tmp_path)
     assert (run_dir.parent / "version_2" / "config.yaml").is_file() and not (tmp_path / "nowhere").exists()
+
+
+def test_naming_your_own_classes_again_never_imports_a_name_a_mapping_holds(sentinel):
+    """The summary's test command names your own classes again, read where each class stands (model, data,
+    model.net...); a class_path inside a mapping of plain values (a resumed record's timm options) is not imported."""
+    name, marker = sentinel
+    options = {"class_path": f"{name}.Net"}
+    net = {"class_path": "template.nets.timm_net", "init_args": {"options": options}}
+    config = {"model": {"class_path": "my_module.F1Module", "init_args": {"net": net}}, "data": {"class_path": "x.D"}}
+    assert restore.named_again(config) == ["--model", "my_module.F1Module", "--data", "x.D"]
+    assert not marker.exists() and name not in sys.modules
