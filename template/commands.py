@@ -4,6 +4,7 @@ and what a user sees when something goes wrong."""
 import importlib
 import os
 import sys
+import warnings
 
 import torch
 from lightning.pytorch.utilities import rank_zero_only
@@ -23,6 +24,7 @@ from template.text import printable
 def main(args: list[str] | None = None) -> None:
     """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
+    warnings.formatwarning = escaped_warning  # a warning may quote a file's name: no escape sequence in it runs
     if args is None and not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path:
         # Your modules here are found (--model my_module.X), as python -m finds them; last, not first as -m puts
         # it: a file in a folder you run in (a run directory from elsewhere) never stands in for an installed package.
@@ -45,6 +47,14 @@ def main(args: list[str] | None = None) -> None:
     # reports the run failed. Only after success: a failed rank may have left the others mid-collective.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+FORMAT_WARNING = warnings.formatwarning
+
+
+def escaped_warning(*args, **kwargs) -> str:
+    """A warning as Python writes it, each control character in it written as an escape."""
+    return printable(FORMAT_WARNING(*args, **kwargs))
 
 
 def explain(error: BaseException) -> str:

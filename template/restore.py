@@ -13,6 +13,7 @@ import contextlib
 import enum
 import functools
 import inspect
+import itertools
 import os
 import pkgutil
 import re
@@ -64,6 +65,7 @@ PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$"
 NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
+MAX_RUN_ENTRIES = 10_000  # files and folders in a run directory a fit resumes into
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
          "optimizer": torch.optim.Optimizer,
          "scheduler": (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)}  # fmt: skip
@@ -543,8 +545,15 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     in_a_run = checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file()
     if not in_a_run or run_dir.parent.parent != runs:
         return None
-    if linked := [str(p) for folder in (run_dir, checkpoint.parent) for p in folder.iterdir() if p.is_symlink()]:
-        rank_zero_warn(f"{run_dir} holds symbolic links ({', '.join(linked[:3])}): resumed into a new run directory")
+    # What a run writes on into must be its own folders and files: a link would lead a write out of it, and a FIFO
+    # or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
+    entries = list(itertools.islice(run_dir.rglob("*"), MAX_RUN_ENTRIES + 1))  # links to folders: not entered
+    if odd := [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir())]:
+        odd = ", ".join(odd[:3])
+        rank_zero_warn(f"{run_dir} holds links or special files ({odd}): resumed into a new run directory")
+        return None
+    if len(entries) > MAX_RUN_ENTRIES:
+        rank_zero_warn(f"{run_dir} holds over {MAX_RUN_ENTRIES:,} entries: resumed into a new run directory")
         return None
     return run_dir
 

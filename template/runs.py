@@ -1,5 +1,6 @@
 """Where a configuration's runs go: its loggers, its runs directory, the tracker runs a resume continues."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,14 @@ def place_run(
             logger.init_args.name, logger.init_args.version = resumed.parent.name, resumed.name
         elif ckpt_path is not None and run_name is None and logger.init_args.name == recipe_run_name():
             logger.init_args.name = trained_run_name(ckpt_path) or logger.init_args.name
+        name, version = logger.init_args.name, logger.init_args.get("version")
+        folders = [str(f) for f in (name, f"version_{version}" if type(version) is int else version) if f]
+        run = Path(logger.init_args.save_dir, *folders)  # save_dir resolved: a link there is the user's choice
+        if linked := [folder for folder in (run, run.parent) if folder.is_symlink()]:  # unpacked from elsewhere
+            raise ValueError(
+                f"{linked[0]} is a symbolic link (to {os.readlink(linked[0])}); a run writes only into folders of its "
+                "own: remove it, or set --trainer.logger.init_args.save_dir (which may be a link) to the folder you mean"
+            )
     if trackers:
         name = logger.init_args.get("name") if is_tensorboard(logger) else None
         if resumed is not None:

@@ -538,6 +538,40 @@ def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained,
     assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()
 
 
+@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "too many entries"])
+def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(trained, tmp_path, plant):
+    """A FIFO by a name the run opens (it would wait forever), a link one folder down, a folder of a million files:
+    not the run's own, so a fit resumes into a new run directory."""
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") == run_dir.resolve()
+    if plant == "fifo":
+        (run_dir / "metrics.csv").unlink()
+        os.mkfifo(run_dir / "metrics.csv")
+    elif plant == "link in a subfolder":
+        (run_dir / "checkpoints" / "deeper").mkdir()
+        (run_dir / "checkpoints" / "deeper" / "note").symlink_to(tmp_path)
+    else:
+        for i in range(restore.MAX_RUN_ENTRIES):
+            (run_dir / f"{i}.txt").touch()
+    with pytest.warns(UserWarning, match="resumed into a new run directory"):
+        assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") is None
+
+
+@pytest.mark.parametrize("entry", ["test", "fit"])
+def test_a_run_folder_linked_elsewhere_is_refused_before_anything_is_written(trained, tmp_path, monkeypatch, entry):
+    """An unpacked stranger's runs/<name> (or runs/<name>/version_N) that links out of the runs directory: a new
+    run (a test of a checkpoint of that name, a fit there) would write its files where the link leads."""
+    monkeypatch.chdir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "digits").symlink_to(outside)
+    checkpoint = trained if entry == "test" else None
+    with pytest.raises(SystemExit, match="1"):
+        enter(entry, checkpoint, tmp_path) if checkpoint else main(["fit", *tiny_args(tmp_path / "runs")])
+    assert list(outside.iterdir()) == []
+
+
 def test_print_config_of_a_checkpoint_shows_what_a_config_of_it_runs(trained, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):

@@ -2,13 +2,16 @@
 
 import re
 import shlex
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from template.commands import main
 from template.summary import print_summary
 
 # A title-changing escape sequence, rich markup and a second command, as a checkpoint from elsewhere may record them.
@@ -47,3 +50,12 @@ def test_a_checkpoint_path_from_elsewhere_is_shown_escaped_and_its_test_command_
     )
     assert "best checkpoint  runs/pets/version_0/checkpoints/best.ckpt\n" in out and "best val/acc     0.7500" in out
     assert "curves:          tensorboard --logdir runs/pets/version_0\n" in out
+
+
+def test_a_warning_quoting_a_file_name_from_elsewhere_shows_its_escape_sequences(monkeypatch):
+    """Warnings name files (a run directory's links, a checkpoint's paths); the command writes each as text."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # as it was, after the test
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    shown = warnings.formatwarning(f"{HOSTILE} holds links", UserWarning, "restore.py", 1)
+    assert "\x1b" not in shown and "\\x1b]0;PWNED" in shown and "holds links" in shown
