@@ -155,7 +155,9 @@ class ImageFolderDataModule(ImageDataModule):
         self.cache_dir = Path(cache_dir)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.split_seed, self.skip_invalid = split_seed, skip_invalid
-        self.given_stats = (mean, std) if mean is not None and std is not None else None
+        if (mean is None) != (std is None):  # one alone would be dropped for both computed
+            raise ValueError(f"data.mean={mean} and data.std={std}: give both (of pixels in [0, 1]), or neither")
+        self.given_stats = (mean, std) if mean is not None else None
         self.predict_path = predict_path
         self.folders = self._scan(classes)
         self._sources: dict[str, tuple[list[Path], np.ndarray, np.ndarray, np.ndarray | None]] = {}

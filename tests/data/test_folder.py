@@ -328,3 +328,18 @@ def test_an_unknown_policy_or_a_bad_probability_is_refused(image_folder, tmp_pat
         module(image_folder, tmp_path, policy="autoaugment")
     with pytest.raises(ValueError, match="random_erasing=1.5 must be a probability"):
         module(image_folder, tmp_path, random_erasing=1.5)
+
+
+@pytest.mark.parametrize(
+    "stats, refused",
+    [
+        ({"mean": [125.3, 123.0, 113.9], "std": [63.0, 62.1, 66.7]}, "preprocessing mean must be 3 numbers"),
+        ({"mean": [0.5], "std": [0.25]}, "preprocessing mean must be 3 numbers"),  # a grey image's, for RGB
+        ({"mean": [0.5, 0.5, 0.5]}, "give both"),  # std computed, mean silently too
+    ],
+)
+def test_statistics_a_checkpoint_could_not_hold_are_refused_before_training(image_folder, tmp_path, stats, refused):
+    """Statistics of 0-255 pixels (or of another channel count) would train, then every checkpoint of the run would
+    be refused when read back: said at setup, naming the options."""
+    with pytest.raises(ValueError, match=refused):
+        module(image_folder, tmp_path, **stats).setup("fit")
