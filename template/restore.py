@@ -294,7 +294,7 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
             retired.append(name)  # an option a template update removed, say: the rest still restores
             continue
         annotation = types_.get(name, typing.Any)
-        if DOWNLOADS.search(name) or has_url(annotation):  # pretrained weights: a file read or a download
+        if loads_weights(name, annotation):  # pretrained weights: a file read or a download
             continue  # the checkpoint holds every tensor of its own; nothing else is ever loaded for it
         if is_path(annotation) or PATH_NAMES.search(name):  # a place: the user's command says it, never a file
             continue
@@ -319,12 +319,21 @@ def no_downloads(target: Any, types_: dict[str, Any]) -> dict[str, Any]:
         signature = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
         return {}
+    off = {each.name: False if each.default is True else None for each in signature}
     return {
-        each.name: False if each.default is True else None
+        each.name: off[each.name]
         for each in signature
-        if (DOWNLOADS.search(each.name) or has_url(types_.get(each.name)))
+        if loads_weights(each.name, annotation := types_.get(each.name, typing.Any))
         and each.default not in (None, False, each.empty)
+        and conforms(off[each.name], annotation)  # else a default of your own class's: weights_init="kaiming"
     }
+
+
+def loads_weights(name: str, annotation: Any) -> bool:
+    """Whether an argument names pretrained weights: a torchvision WeightsEnum, or by its name a switch, a name or
+    none (``pretrained: bool``, ``weights: str | None``); a number so named (``pretrained_dim: int``) is no weights."""
+    named = DOWNLOADS.search(name) and any(conforms(value, annotation) for value in (None, True, ""))
+    return has_url(annotation) or bool(named)
 
 
 def describe(annotation: Any) -> str:

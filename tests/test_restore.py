@@ -720,6 +720,18 @@ def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(tr
     assert restored.config["model"]["init_args"]["net"]["init_args"]["pretrained"] is False
 
 
+def test_arguments_named_like_weights_that_load_none_are_restored_as_recorded():
+    """Only a switch, a name or none loads weights: a width called ``pretrained_dim`` is the record's (else the net
+    would be built another size), and ``weights_init: str`` keeps its default rather than becoming None."""
+
+    def own(num_classes: int, pretrained_dim: int = 8, weights_init: str = "kaiming", weights: str | None = "a.pt"):
+        raise AssertionError("never built here")
+
+    given = {"num_classes": 3, "pretrained_dim": 16, "weights_init": "xavier", "weights": "b.pt"}
+    kept = restore.arguments(own, given, "hyper_parameters.net.init_args", "x.ckpt", set())
+    assert kept == {"num_classes": 3, "pretrained_dim": 16, "weights": None}
+
+
 def progress(checkpoint: dict) -> dict:
     return checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
 
