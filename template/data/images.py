@@ -17,7 +17,11 @@ def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
     With ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least ``draft``
     (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
     """
-    with Image.open(path, formats=FORMATS) as image:
+    try:
+        image = Image.open(path, formats=FORMATS)
+    except Image.UnidentifiedImageError:  # Pillow's words name no format it was allowed
+        raise ValueError(f"no image of a format read here ({', '.join(FORMATS)}): convert it to PNG or JPEG") from None
+    with image:
         if draft is not None:
             image.draft(image.mode, (draft, draft))  # a square: either orientation
         image.load()  # decodes it all: a truncated file fails here, not later in training

@@ -66,7 +66,7 @@ def test_a_file_is_read_as_a_raster_image_or_refused_never_handed_to_another_pro
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     postscript = tmp_path / "photo.png"
     postscript.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n")
-    with pytest.raises(Exception, match="cannot identify image file"):
+    with pytest.raises(ValueError, match="no image of a format read here .JPEG, PNG"):
         open_image(postscript, "RGB")
     assert not ran.exists()
     Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32)).save(tmp_path / "float.tif")
