@@ -511,7 +511,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
 
 
 def named_again(config: dict) -> list[str]:
-    """The options that name again the classes of the user's own in ``config`` (registry names need none): a command
+    """The options that name again the classes of the user's own in ``config`` (the template's need none): a command
     of a checkpoint of it imports them only where the user's command names them. Read where each option's class
     stands (model, data, model.net...), never resolved: a mapping of plain values may hold any class_path."""
     options = []
@@ -521,8 +521,19 @@ def named_again(config: dict) -> list[str]:
         for part in rest:
             node = (node.get("init_args") or {}).get(part) if isinstance(node, dict) else None
         name = node.get("class_path") if isinstance(node, dict) else None
-        options += [option, name] if isinstance(name, str) and name not in registry() else []
+        if isinstance(name, str) and (name := importable(name)) is not None:
+            options += [option, name]
     return options
+
+
+def importable(name: str) -> str | None:
+    """The import path that registers ``name`` again in a new process: none for the template's and torch's own
+    classes, registered in every process; for your own, registered where your module is imported, the module's."""
+    if (entry := registry().get(name)) is None:
+        return name
+    target = entry[1]
+    built_in = target.__module__.partition(".")[0] in (__name__.partition(".")[0], "torch", "torchvision")
+    return None if built_in else f"{target.__module__}.{target.__qualname__}"
 
 
 def fit_data(restored: Restored, data: Any) -> None:

@@ -890,3 +890,16 @@ def test_naming_your_own_classes_again_never_imports_a_name_a_mapping_holds(sent
     config = {"model": {"class_path": "my_module.F1Module", "init_args": {"net": net}}, "data": {"class_path": "x.D"}}
     assert restore.named_again(config) == ["--model", "my_module.F1Module", "--data", "x.D"]
     assert not marker.exists() and name not in sys.modules
+
+
+class PetsData(torch.nn.Module):
+    """A class of your own, registered under a name of its own."""
+
+
+def test_a_class_you_registered_is_named_again_by_the_module_that_registers_it(monkeypatch):
+    """Your registration happens where your module is imported: a later command of the checkpoint (the summary's
+    test command) names that module's class, or the checkpoint's name would be unknown there."""
+    monkeypatch.setattr(restore, "_registered", dict(restore._registered))
+    restore.register(PetsData, name="pets_data")
+    config = {"model": {"class_path": "template.module.ClassificationModule"}, "data": {"class_path": "pets_data"}}
+    assert restore.named_again(config) == ["--data", f"{__name__}.PetsData"]
