@@ -20,7 +20,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from template.files import remove_stale_temporaries, replaced_atomically
+from template.files import NotARegularFile, open_regular, remove_stale_temporaries, replaced_atomically
 
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
@@ -109,14 +109,12 @@ def check_checkpoint_is_safe(path: str | Path) -> None:
 
 def not_torch_saved(path: Path) -> str | None:
     """What ``path`` is, if torch.save did not write it; None for a zip (its format) or a pickle (its legacy one)."""
-    if path.exists() and not path.is_dir() and not path.is_file():  # opened, a FIFO would wait for a writer forever
-        return "no regular file (a FIFO, socket or device)"
     try:
-        with path.open("rb") as file:
+        with open_regular(path) as file:
             head = file.read(9)
             names = zipfile.ZipFile(file).namelist() if zipfile.is_zipfile(file) else []
-    except IsADirectoryError:
-        return "a directory"
+    except NotARegularFile as error:
+        return str(error).removeprefix(f"{path} is ")
     except OSError:  # unreadable: said by the reading itself
         return None
     if head[8:] == b"{":  # an 8-byte header length, then JSON
@@ -501,7 +499,7 @@ def check_hub_file(path: Path, url: str) -> Path:
     expected = torch.hub.HASH_REGEX.search(path.name)
     if expected is not None:
         digest = hashlib.sha256()
-        with path.open("rb") as file:
+        with open_regular(path) as file:
             while chunk := file.read(1 << 20):
                 digest.update(chunk)
         if not digest.hexdigest().startswith(expected.group(1)):

@@ -1,9 +1,12 @@
-"""Files written whole or not at all: a temporary beside the target, created anew, renamed over it."""
+"""Files written whole or not at all (a temporary beside the target, created anew, renamed over it), and files from
+elsewhere read only as what they say they are: regular files, never more than a reader asked for."""
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 @contextmanager
@@ -46,3 +49,32 @@ def remove_stale_temporaries(directory: Path, pattern: str) -> None:
             stale.unlink(missing_ok=True)
         except PermissionError:  # another user's process, alive
             pass
+
+
+class NotARegularFile(OSError):
+    """A path to read that is a folder, a FIFO, a socket or a device."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened to read if it is a regular file (links followed), else NotARegularFile says what it is. Opened
+    without waiting and checked once open: a FIFO by that name would wait for a writer forever, a device read on."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "no regular file (a FIFO, socket or device)"
+            raise NotARegularFile(f"{path} is {what}")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def read_at_most(path: Path, limit: int) -> bytes:
+    """The bytes of regular file ``path``; ValueError if there are over ``limit`` of them (only those are read)."""
+    with open_regular(path) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    return data

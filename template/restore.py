@@ -42,6 +42,7 @@ from template.checkpoints import (
     strip_prefixes,
 )
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
+from template.files import read_at_most
 from template.runs import runs_dir
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
@@ -601,11 +602,7 @@ def read_yaml(path: str | Path) -> Any:
     checked before anything is built)."""
     path = Path(path)
     try:
-        with path.open("rb") as file:
-            text = file.read(MAX_YAML_BYTES + 1)
-        if len(text) > MAX_YAML_BYTES:
-            raise yaml.YAMLError(f"larger than {MAX_YAML_BYTES} bytes")
-        depth = 0
+        text, depth = read_at_most(path, MAX_YAML_BYTES), 0
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
                 raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1} is refused")

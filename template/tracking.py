@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from template.checkpoints import DamagedCheckpointError
 from template.compat import logged_params
+from template.files import read_at_most
 
 TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
@@ -118,11 +119,7 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
     if not source.is_file():
         return {}
     try:
-        with source.open("rb") as file:
-            text = file.read(MAX_TRACKER_RUNS_BYTES + 1)
-        if len(text) > MAX_TRACKER_RUNS_BYTES:
-            raise ValueError(f"larger than {MAX_TRACKER_RUNS_BYTES:,} bytes")
-        record = json.loads(text)
+        record = json.loads(read_at_most(source, MAX_TRACKER_RUNS_BYTES))
     except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested past the parser's depth
         raise DamagedCheckpointError(f"{source}, the run's tracker runs, cannot be read: {error}") from None
     if not isinstance(record, dict) or not all(

@@ -5,6 +5,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from torch import nn
 
 from template.checkpoints import (
     AtomicCheckpointIO,
+    CheckpointError,
     UnsafeCheckpointError,
     check_checkpoint_is_safe,
+    check_hub_file,
     check_like,
     load_checkpoint,
     load_weights,
@@ -23,6 +26,7 @@ from template.checkpoints import (
 from template.commands import main
 from template.files import write_atomic
 from template.nets import ResNetSmall
+from template.restore import read_yaml
 
 WRITER = """
 import os, sys, torch
@@ -220,3 +224,30 @@ def test_a_resume_on_another_count_of_gpus_and_a_weights_file_of_other_tools_are
     check_like({"rng_states": {"cuda": [state]}}, {"rng_states": {"cuda": [state, state]}}, "last.ckpt")
     torch.save({"state_dict": {"w": torch.ones(2)}, "best_epoch": -1}, tmp_path / "timm.pth")  # not Lightning's
     assert load_checkpoint(tmp_path / "timm.pth")["best_epoch"] == -1
+
+
+def unblocked_after(fifo: Path, seconds: float) -> threading.Timer:
+    """Opens ``fifo`` to write after ``seconds``, so that a reader waiting in open() returns (with nothing)."""
+
+    def open_and_close() -> None:
+        with contextlib.suppress(OSError):  # no reader waiting: nothing to unblock
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(seconds, open_and_close)
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("reader", ["run config", "hub file"])
+def test_a_fifo_where_a_file_from_elsewhere_is_read_is_refused_without_waiting(tmp_path, reader):
+    """Opened to be read, a FIFO waits for a writer forever: every file from elsewhere is opened without waiting and
+    refused unless it is a regular file, whatever it was when first looked at."""
+    fifo = tmp_path / ("config.yaml" if reader == "run config" else "resnet18-f37072fd.pth")
+    os.mkfifo(fifo)
+    timer, started = unblocked_after(fifo, 5), time.monotonic()
+    try:
+        with pytest.raises((CheckpointError, OSError), match="no regular file"):
+            read_yaml(fifo) if reader == "run config" else check_hub_file(fifo, "https://x/resnet18-f37072fd.pth")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 5

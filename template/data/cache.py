@@ -17,7 +17,7 @@ from rich.filesize import decimal
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from template.data.images import open_image
-from template.files import replaced_atomically, write_atomic
+from template.files import read_at_most, replaced_atomically, write_atomic
 
 CACHE_VERSION = 3  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
@@ -83,14 +83,8 @@ def decode_all(
 def read_record(path: Path, files: int) -> dict:
     """A JSON record of the cache of ``files`` files; ValueError names the file when it is not one."""
     limit = RECORD_BYTES + files * RECORD_BYTES_PER_FILE
-    if path.exists() and not path.is_file():  # opened, a FIFO would wait for a writer forever
-        raise ValueError(f"{path} is no regular file")
     try:
-        with path.open("rb") as file:
-            text = file.read(limit + 1)
-        if len(text) > limit:
-            raise ValueError(f"over the {limit:,} bytes a record of {files} files may take")
-        record = json.loads(text)
+        record = json.loads(read_at_most(path, limit))  # the limit: a record of ``files`` files
     except (OSError, ValueError, RecursionError) as error:  # a missing file, a cut-off write, not text, too deep
         raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
     if not isinstance(record, dict):
