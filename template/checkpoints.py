@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import pickle
+import stat
 import time
 import zipfile
 from collections.abc import Iterator
@@ -328,11 +329,12 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     runs_dir, now = Path(runs_dir), time.time()
     lasts, future = [], []
     for path in (*runs_dir.glob("**/checkpoints/last.ckpt"), *runs_dir.glob("**/checkpoints/preempted.ckpt")):
-        if path.is_file():  # a FIFO or device by that name is no run's
-            (future if path.stat().st_mtime > now + 60 else lasts).append(path)
+        with contextlib.suppress(OSError):  # gone since the glob
+            if stat.S_ISREG((status := path.stat()).st_mode):  # a FIFO or device by that name is no run's
+                (future if status.st_mtime > now + 60 else lasts).append((status.st_mtime, path))
     if future:  # a copy that kept its author's clock (tar does) must not pass for this machine's latest run
-        rank_zero_warn(f"--ckpt_path {alias}: passing over {', '.join(map(str, future))}, dated in the future")
-    lasts.sort(key=lambda path: path.stat().st_mtime)
+        rank_zero_warn(f"--ckpt_path {alias}: passing over {', '.join(str(p) for _, p in future)}, dated in the future")
+    lasts = [path for _, path in sorted(lasts)]
     if not lasts:
         raise FileNotFoundError(
             f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve()}; "
