@@ -2,7 +2,6 @@
 and what a user sees when something goes wrong."""
 
 import importlib
-import os
 import sys
 import warnings
 
@@ -18,6 +17,7 @@ from template.cli import (  # one name a line: a renamed project's longer packag
     cli,
     wants_traceback,
 )
+from template.imports import find_own_modules
 from template.text import printable
 
 
@@ -25,10 +25,8 @@ def main(args: list[str] | None = None) -> None:
     """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
     warnings.formatwarning = escaped_warning  # a warning may quote a file's name: no escape sequence in it runs
-    if args is None and not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path:
-        # Your modules here are found (--model my_module.X), as python -m finds them; last, not first as -m puts
-        # it: a file in a folder you run in (a run directory from elsewhere) never stands in for an installed package.
-        sys.path.append(os.getcwd())
+    if args is None:
+        find_own_modules(argv)  # --model my_module.X, as python -m finds it; no other file of where you run
     try:
         if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
             return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])

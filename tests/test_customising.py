@@ -113,10 +113,14 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     holds its own folder, not the working directory), and so did the summary's test command and the advice to name
     the module again; `export` refused the module with advice (--model) it did not take."""
     (tmp_path / "my_module.py").write_text(
-        "from template.module import ClassificationModule\n\n\nclass F1Module(ClassificationModule):\n    pass\n"
+        "import my_helpers\nfrom template.module import ClassificationModule\n\n\nclass F1Module(ClassificationModule):\n"
+        "    pass\n"
     )
-    # A file named as an installed package (imported only once training starts) is not taken for it.
-    (tmp_path / "tensorboard.py").write_text("open('planted-module-ran', 'w')\n")
+    (tmp_path / "my_helpers.py").write_text("")  # your module's own imports from here are found too
+    # A file named as an installed package (imported only once training starts) is not taken for it, nor one named
+    # as a module a library imports if it can (torch imports tabulate at exit): run in a stranger's folder, they ran.
+    for planted in ("tensorboard", "tabulate", "tensorflow", "torch_xla"):
+        (tmp_path / f"{planted}.py").write_text("open('planted-module-ran', 'w')\n")
     quick = [
         *tiny_args(tmp_path / "runs"),
         *QUICK,
@@ -136,6 +140,10 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     summary_says = shlex.split(re.search(r"test it, once: +(.*)", fit.stdout).group(1))
     assert summary_says[:2] == ["template", "test"] and summary_says[-2:] == ["--model", "my_module.F1Module"]
     tested = run(*summary_says[1:], *quick)  # as the summary says: your module named again
+    assert tested.returncode == 0 and "test/acc" in tested.stdout, tested.stderr[-3000:]
+    command = [sys.executable, "-m", "template", *summary_says[1:], *quick]  # -m puts the folder first on the path
+    tested = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert not (tmp_path / "planted-module-ran").exists()
     assert tested.returncode == 0 and "test/acc" in tested.stdout, tested.stderr[-3000:]
     export = ["export", "--ckpt_path", summary_says[3], "--format", "safetensors", "--output", "net.safetensors"]
     advice = re.search(r"name it again: (--model \S+);", run(*export).stderr).group(1)  # not registered

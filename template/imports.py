@@ -1,0 +1,71 @@
+"""Your modules in the working directory, and no others from there: ``--model my_module.F1Module`` finds
+``my_module.py`` where you run, while a library's optional import (``tabulate``, ``tensorflow``) never finds a file
+of that name in a folder you happen to run in (a stranger's run directory, an unpacked archive)."""
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+
+CONFIG_FILE = re.compile(r"[^\s'\"=,:\[\]{}]+\.(?:ya?ml|json)\b")  # a file a --config option or a config names
+DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.[A-Za-z_]")  # my_module.F1Module: its first name
+MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH = 1 << 20, 4
+
+
+def named_modules(args: list[str]) -> set[str]:
+    """The first names of the dotted names in a command's arguments and in the config files they name (and those
+    files name, a few levels down): every module a command of yours can name."""
+    texts, read = list(args), set()
+    for _ in range(MAX_CONFIG_DEPTH):
+        files = {Path(match) for text in texts for match in CONFIG_FILE.findall(text)} - read
+        texts = []
+        for file in files:
+            read.add(file)
+            if file.is_file() and file.stat().st_size <= MAX_CONFIG_BYTES:
+                texts.append(file.read_text(errors="replace"))
+        args = [*args, *texts]
+    return {name for text in args for name in DOTTED.findall(text)}
+
+
+class OwnModules(importlib.abc.MetaPathFinder):
+    """Finds, after every other finder, a top-level module in ``folder`` that a command names, or that a module so
+    found imports (``my_module`` importing ``my_helpers``)."""
+
+    def __init__(self, folder: str, names: set[str]) -> None:
+        self.folder, self.names, self.found = folder, names, set()
+
+    def find_spec(self, name: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+        if path is not None or not (name in self.names or importer(inspect.currentframe()) in self.found):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [self.folder])
+        if spec is not None:
+            self.found.add(name)
+        return spec
+
+
+def importer(frame) -> str:
+    """The first name of the module whose code asks for an import, past the import machinery's frames."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if (
+            not (module.startswith("importlib") or frame.f_code.co_filename.startswith("<frozen"))
+            and module != __name__
+        ):
+            return module.partition(".")[0]
+        frame = frame.f_back
+    return ""
+
+
+def find_own_modules(args: list[str]) -> None:
+    """The working directory's modules that ``args`` name become importable, after every installed one (once a
+    process); the working directory that ``python -m`` puts first on the import path is taken off it."""
+    if getattr(sys.flags, "safe_path", False):  # python -P: no module of the working directory at all
+        return
+    folder = os.getcwd()
+    if sys.path and sys.path[0] in ("", folder):
+        del sys.path[0]
+    if not any(isinstance(finder, OwnModules) for finder in sys.meta_path):
+        sys.meta_path.append(OwnModules(folder, named_modules(args)))
