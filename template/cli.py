@@ -37,7 +37,7 @@ from template.options import (  # one name a line: a renamed project's longer pa
     wants_traceback,
 )
 from template.plugins import SyncBatchNorm
-from template.restore import Restored, fit_data, for_command
+from template.restore import Restored, check_resumed_training, fit_data, for_command
 from template.runs import place_run
 from template.summary import print_evaluated, print_summary
 
@@ -106,6 +106,8 @@ class ClassificationCLI(LightningCLI):
             warnings.filterwarnings("ignore", message="The dirpath has changed from")
         options.settle_trainer(config.trainer)
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
+        if self.restored and self.subcommand == "fit":
+            check_resumed_training(self.restored, config.model.as_dict())
         place_run(config, self.run_name, resumed, self.restored.path if self.restored else None)
 
     def instantiate_classes(self) -> None:

@@ -48,6 +48,7 @@ from template.runs import runs_dir
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # The module's arguments the CLI links from the data: compared with the data, not set.
+RESUMED_TRAINING = ("optimizer", "lr_scheduler", "scheduler_interval")  # of the module: restored, not rebuilt
 LINKED = ("num_classes", "class_names", "input_shape")
 # The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
@@ -535,6 +536,34 @@ def importable(name: str) -> str | None:
     target = entry[1]
     built_in = target.__module__.partition(".")[0] in (__name__.partition(".")[0], "torch", "torchvision")
     return None if built_in else f"{target.__module__}.{target.__qualname__}"
+
+
+def check_resumed_training(restored: Restored, model: dict) -> None:
+    """Refuse to resume with optimizer or schedule settings other than the checkpoint's: the optimizer's state and the
+    schedule it saved are restored over them, so they would never take effect while the run's record said they had."""
+    saved = restored.config.get("model", {}).get("init_args", {})
+    given = model.get("init_args") or {}
+    changes = [change for key in RESUMED_TRAINING for change in differences(saved.get(key), given.get(key), key)]
+    if changes:
+        raise ValueError(
+            f"{restored.path}: a resume continues the optimizer and schedule its checkpoint saved, so these settings "
+            f"would not take effect: {'; '.join(changes)}. Leave them out to resume; to train on with them, start a "
+            f"new run from its weights: --weights_file {restored.path} in place of --ckpt_path"
+        )
+
+
+def differences(saved: Any, given: Any, key: str) -> list[str]:
+    """Where ``given`` differs from ``saved``, by key: only keys both have (a newer torch's new argument is none)."""
+    if isinstance(saved, dict) and isinstance(given, dict):
+        return [
+            change
+            for name in saved
+            if name in given
+            for change in differences(saved[name], given[name], f"{key}.{name}")
+        ]
+    if isinstance(saved, list | tuple) and isinstance(given, list | tuple):
+        saved, given = list(saved), list(given)
+    return [] if saved == given else [f"model.{key} {saved!r} saved, {given!r} given"]
 
 
 def fit_data(restored: Restored, data: Any) -> None:

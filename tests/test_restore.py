@@ -903,3 +903,45 @@ def test_a_class_you_registered_is_named_again_by_the_module_that_registers_it(m
     restore.register(PetsData, name="pets_data")
     config = {"model": {"class_path": "template.module.ClassificationModule"}, "data": {"class_path": "pets_data"}}
     assert restore.named_again(config) == ["--data", f"{__name__}.PetsData"]
+
+
+def test_a_resume_that_fails_leaves_the_runs_record_as_its_last_checkpoint_left_it(trained, tmp_path, monkeypatch):
+    """config.yaml is what a plain ``--ckpt_path last`` resumes with: a resume that failed before its first checkpoint
+    (with --trainer.max_epochs 3) must not leave its settings there for the next resume to train on, silently."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    recorded = (run_dir / "config.yaml").read_bytes()
+    more = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("the machine went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ClassificationModule, "training_step", boom)
+        with pytest.raises(SystemExit):
+            main(
+                ["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), *more]
+            )
+    assert (run_dir / "config.yaml").read_bytes() == recorded
+    main(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), *more])
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 3  # it ran: recorded
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (["--model.optimizer.lr", "0.03"], "model.optimizer.init_args.lr 0.003 saved, 0.03 given"),
+        (["--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.5"], "model.optimizer.class_path"),
+        (["--model.lr_scheduler", "null"], "model.lr_scheduler"),
+    ],
+)
+def test_a_resume_with_other_optimizer_settings_is_refused_naming_them(
+    trained, tmp_path, monkeypatch, capsys, change, named
+):
+    """The optimizer's state and the schedule a checkpoint saved are restored over what a resume builds: a new
+    learning rate was silently never used (while config.yaml said it was), another optimizer failed mid-epoch."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        enter("fit", trained, tmp_path, *change)
+    err = capsys.readouterr().err
+    assert named in err and f"--weights_file {trained}" in err and not (tmp_path / "runs").exists()

@@ -17,6 +17,7 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from template.files import replaced_atomically
 from template.runs import loggers_of
 from template.tracking import TRACKER_RUNS, record_trackers
 
@@ -66,14 +67,24 @@ def run_directory(trainer: L.Trainer) -> str | None:
 
 class RunRecord(SaveConfigCallback):
     """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does), ``env.json`` (``env-2.json``...
-    on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``)."""
+    on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``). A resumed run's
+    config.yaml is replaced only with its first checkpoint: it records the settings of the run's latest checkpoint
+    (a plain ``--ckpt_path last`` resumes with them), never those of a resume that failed."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{**kwargs, "save_to_log_dir": False})  # config.yaml: written here
+        self.pending: Path | None = None  # config.yaml, until written
+        self.training = False
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Lightning's hook for records besides config.yaml: on rank 0 only, once a run.
+        # Lightning's hook for records: on rank 0 only, once a run.
         if not trainer.loggers or (log_dir := run_directory(trainer)) is None:
             return
         run_dir = Path(log_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.pending = run_dir / self.config_filename
+        if not self.pending.exists():  # a new run's: at once
+            self.write_config()
         path, number = run_dir / "env.json", 1
         while path.exists():  # a resumed run keeps the record of the first
             number += 1
@@ -82,6 +93,19 @@ class RunRecord(SaveConfigCallback):
         if trackers := trainer.loggers[1:]:  # MLflow, W&B... beside TensorBoard (template.tracking)
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # config.yaml's values
             record_trackers(trackers, loggers_of(self.config)[1:], config, run_dir)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.training = True  # a restore asks for a checkpoint's state too, to compare: no checkpoint is saved then
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self.training and trainer.is_global_zero:
+            self.write_config()
+
+    def write_config(self) -> None:
+        if self.pending is not None:
+            with replaced_atomically(self.pending) as temporary:
+                self.parser.save(self.config, temporary, skip_none=False, overwrite=True, multifile=self.multifile)
+            self.pending = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Remove the run directory of a command that failed before it produced anything (a checkpoint, a step)."""
