@@ -26,6 +26,7 @@ from template.files import NotARegularFile, open_regular, remove_stale_temporari
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
 MAX_TENSORS = 100_000  # in a whole checkpoint (the biggest real networks' hold a few thousand, states included)
+MAX_VIEWS_SHARE = 16  # bytes all tensors claim over the bytes they are views of (tied weights: a few times)
 MAX_DEPTH = 32  # how deep a checkpoint's values nest (Lightning's loops, the deepest, go 9 levels)
 MAX_VALUES = 1 << 22  # values and containers in a whole checkpoint (Adam's state: a few per parameter tensor)
 # Whole numbers in a checkpoint are counts, indices and seeds (numpy's and sklearn's stop below 2**32): from 0, or in
@@ -277,23 +278,34 @@ def check_values(value: Any, source: str) -> None:
     layout: a few bytes would become gigabytes when copied, hashed or loaded), a whole number no count, index or seed
     is (RECORDS)."""
     count, lightning = 0, isinstance(value, dict) and "pytorch-lightning_version" in value  # others' numbers unread
+    claimed, storages = 0, {}
     for key, item in _leaves(value, source):
         if isinstance(item, torch.Tensor):
             count += 1
             if count > MAX_TENSORS:
                 raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
+            if item.device.type != "cpu":  # torch.load maps a GPU's to the CPU: the meta device's hold no values
+                raise DamagedCheckpointError(f"refusing {source}: its tensor {spoken(key)} holds no values (meta)")
             stored = item.untyped_storage().nbytes() if item.layout == torch.strided else 0
             if item.numel() * item.element_size() > stored:
                 raise DamagedCheckpointError(
                     f"refusing {source}: its tensor {spoken(key) or 'at the top'} {tuple(item.shape)} claims more "
                     "values than the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
                 )
+            claimed += item.numel() * item.element_size()
+            storages[item.untyped_storage().data_ptr()] = stored
         elif lightning and type(item) is int and not (-MAX_COUNT if key.startswith(RECORDS) else 0) <= item < MAX_COUNT:
             low = "-2**32" if key.startswith(RECORDS) else "0"
             raise DamagedCheckpointError(
                 f"refusing {source}: its {spoken(key)} is {item}, no count, index or seed (from {low}, below 2**32): "
                 "damaged or made up; use another checkpoint"
             )
+    # Views of one storage pass one by one, and each is hashed and checked in full: tied weights share a few times.
+    if claimed > MAX_VIEWS_SHARE * sum(storages.values()) + (64 << 20):
+        raise DamagedCheckpointError(
+            f"refusing {source}: its tensors are views of {sum(storages.values()):,} bytes that add up to {claimed:,} "
+            f"bytes (over {MAX_VIEWS_SHARE} times): reading them would take time out of all proportion to the file"
+        )
 
 
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:

@@ -591,9 +591,13 @@ def test_a_checkpoint_that_would_allocate_what_it_never_held_is_refused(trained,
         "expanded weight": lambda c: c["state_dict"].update({"net.head.weight": torch.zeros(1).expand(10, 128)}),
         "expanded elsewhere": lambda c: c["loops"].update({"bomb": torch.zeros(1).expand(1 << 34)}),
         "many layers": lambda c: c["state_dict"].update({f"net.extra{i}": torch.zeros(1) for i in range(10_001)}),
+        # 8 MB stored once, 1.6 GB to hash and check as 200 views (the hostile trial's: 17 minutes from 19 MB)
+        "views of one storage": lambda c: c["callbacks"].update({"bomb": [shared[i:] for i in range(0, 2000, 10)]}),
+        "meta weight": lambda c: c["state_dict"].update({"net.head.weight": torch.empty(10, 128, device="meta")}),
     }
+    shared = torch.zeros(2_000_000)
     for change in attacks.values():
-        doctored = {**checkpoint, "state_dict": dict(checkpoint["state_dict"]), "loops": dict(checkpoint["loops"])}
+        doctored = {**checkpoint, **{key: dict(checkpoint[key]) for key in ("state_dict", "loops", "callbacks")}}
         doctored.pop("integrity")  # another tool's checkpoint: no digest to disagree with
         change(doctored)
         torch.save(doctored, tmp_path / "bomb.ckpt")

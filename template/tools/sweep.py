@@ -174,6 +174,12 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
             f"study {options.study_name} in {storage_url} is to {study.direction.name.lower()}, but "
             f"checkpoint.mode asks to {direction}: use another --study_name"
         )
+    # A running trial that never sent a heartbeat (written by a process without them) is never found stale, and the
+    # study would wait for it forever: one heartbeat now, and it is failed a grace period later unless a worker's
+    # heartbeats go on. A live worker's trial only gets one more.
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
     return study
 
 

@@ -230,3 +230,15 @@ def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_
     header, row = list(csv.reader(text.splitlines()))
     assert header[3] == row[3] == "'" + shown
     assert not any(cell.startswith(("=", "+", "-", "@")) for cell in header + row)
+
+
+def test_running_trials_that_never_sent_a_heartbeat_are_failed_not_waited_for(tmp_path, monkeypatch):
+    """A study from elsewhere (or a process without heartbeats) left trials running: no heartbeat ever made them stale,
+    and a worker waited for them forever, printing nothing."""
+    study = started_study(tmp_path, monkeypatch)
+    for _ in range(3):
+        study.ask()  # running, no heartbeat
+    command = [sys.executable, "-m", "template", "sweep", "--space", "lr.yaml", "--n_trials", "2", *QUICK]
+    subprocess.run([*command, "--heartbeat_interval", "1"], cwd=tmp_path, check=True, timeout=120, capture_output=True)
+    states = [trial.state for trial in load(tmp_path, "lr").get_trials()]
+    assert states[:3] == [TrialState.FAIL] * 3 and states[3:].count(TrialState.COMPLETE) == 2
