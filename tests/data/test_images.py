@@ -72,3 +72,13 @@ def test_a_file_is_read_as_a_raster_image_or_refused_never_handed_to_another_pro
     Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32)).save(tmp_path / "float.tif")
     with pytest.raises(ValueError, match="F pixels of no 8- or 16-bit range"):
         open_image(tmp_path / "float.tif", "RGB")
+
+
+def test_an_image_past_pillows_pixel_limit_is_refused_not_decoded(tmp_path, monkeypatch):
+    """Pillow only warns between its limit and twice it: a 516 KB PNG decoded to 2.3 GB, per worker, every epoch."""
+    from template.data.images import open_image
+
+    Image.new("RGB", (40, 40)).save(tmp_path / "bomb.png")  # 1,600 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)  # a limit it passes by less than twice
+    with pytest.raises(ValueError, match="over 1,000 pixels"):
+        open_image(tmp_path / "bomb.png", "RGB")
