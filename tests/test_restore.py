@@ -949,3 +949,14 @@ def test_a_resume_with_other_optimizer_settings_is_refused_naming_them(
         enter("fit", trained, tmp_path, *change)
     err = capsys.readouterr().err
     assert named in err and f"--weights_file {trained}" in err and not (tmp_path / "runs").exists()
+
+
+def test_export_shows_a_checkpoint_s_text_in_its_error_as_escapes(trained, tmp_path, capsys):
+    """export printed its own errors raw: a key with an escape sequence wrote a green "export ok" over the refusal."""
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["callbacks"]["\x1b]0;PWNED\x07\x1b[2K\r\x1b[32mexport ok\x1b[0m"] = -1
+    torch.save(checkpoint, tmp_path / "escaped.ckpt")
+    with pytest.raises(SystemExit):
+        enter("export", tmp_path / "escaped.ckpt", tmp_path)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]0;PWNED" in err and "refusing" in err

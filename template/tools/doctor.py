@@ -28,6 +28,7 @@ from template.cli import PROGRAM, cli
 from template.data.base import ImageDataModule
 from template.data.loaders import TensorImageDataset
 from template.module import ClassificationModule
+from template.text import shown
 from template.tools.short_fit import MeasureSteps, Memorise, short_fit
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
@@ -335,7 +336,13 @@ def main(args: list[str]) -> None:
     columns = 4 if any(check.fix for check in checks) else 3  # a fix column only when there is one to show
     table = Table(*("check", "status", "what it saw", "fix")[:columns], title=f"{PROGRAM} doctor")
     for check in checks:
-        row = [f"{check.group}: {check.name}", f"[{STYLE[check.status]}]{check.status}[/]", check.detail, check.fix]
+        # What a check saw may quote file names (the data's): shown as text, never as rich markup or escapes.
+        row = [
+            f"{check.group}: {check.name}",
+            f"[{STYLE[check.status]}]{check.status}[/]",
+            shown(check.detail),
+            shown(check.fix),
+        ]
         table.add_row(*row[:columns])
     console = Console()
     console.print(table)

@@ -28,6 +28,7 @@ from template.files import replaced_atomically
 from template.module import ClassificationModule
 from template.restore import OWN_OPTIONS, build, restore
 from template.runs import DEFAULT_RUNS_DIR
+from template.text import printable
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 
@@ -172,9 +173,9 @@ def main(args: list[str]) -> None:
     try:
         if ckpt_path in CHECKPOINT_ALIASES:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
-            print(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}")
+            print(printable(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}"))
         own = {getattr(options, option[2:]) for option in OWN_OPTIONS.values()} - {None}
         export(ckpt_path, options.fmt, options.output, options.tolerance, own)
     except (CheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        print(f"{parser.prog}: error: {printable(str(error))}", file=sys.stderr)  # a file's text: no escapes run
         raise SystemExit(1) from None

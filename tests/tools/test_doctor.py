@@ -261,3 +261,17 @@ def test_a_folder_without_test_images_is_a_warning_and_unreadable_files_a_named_
     data = ImageFolderDataModule(str(image_folder), test_fraction=0, **settings)
     found = checks(ResNetSmall(3, 3), data)
     assert failed(found) == ["fit splits"] and "broken.jpg" in found["fit splits"].detail
+
+
+def test_what_a_check_saw_is_shown_as_text_never_as_markup_or_escapes(capsys, monkeypatch):
+    """A check quotes the data's file names: one named with an escape sequence and rich markup ("no overlap" in green
+    over the real line) is shown as its characters."""
+    name = "val/\x1b]0;PWNED\x07\x1b[2K\r\x1b[32mno overlap [reverse]click\x1b[0m.png"
+    planted = doctor.Check("data", "train/val overlap", "fail", f"{name} = train/a.png", "remove [bold]it[/bold]")
+    monkeypatch.setattr(doctor, "run_checks", lambda *args: ([planted], None))
+    monkeypatch.setenv("COLUMNS", "400")  # one line a row
+    with pytest.raises(SystemExit):
+        main(["doctor", "--trainer.accelerator", "cpu"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]0;PWNED" in out
+    assert "no overlap [reverse]click" in out and "remove [bold]it[/bold]" in out
