@@ -528,6 +528,16 @@ def named_again(config: dict) -> list[str]:
     return options
 
 
+def places_again(config: dict) -> list[str]:
+    """The options that say again where ``config``'s data is (a checkpoint records no place): its arguments named as
+    places that hold one (``root``, your DataModule's ``path``), but for the cache's and the predicted images'."""
+    given = (config.get("data") or {}).get("init_args") or {}
+    places = [name for name, value in given.items() if PATH_NAMES.search(name) and isinstance(value, str)]
+    return [
+        arg for name in places if name not in ("cache_dir", "predict_path") for arg in (f"--data.{name}", given[name])
+    ]
+
+
 def importable(name: str) -> str | None:
     """The import path that registers ``name`` again in a new process: none for the template's and torch's own
     classes, registered in every process; for your own, registered where your module is imported, the module's."""

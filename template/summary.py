@@ -6,7 +6,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from rich.console import Console
 
 from template.callbacks import TrainingMonitor
-from template.restore import named_again
+from template.restore import named_again, places_again
 from template.runs import loggers_of
 from template.text import shown, shown_command
 from template.tracking import where_to_look
@@ -40,10 +40,9 @@ def print_summary(cli, run_dir: Path) -> None:
         ]
         # Only where `test` has images to read, and not in a sweep's trial or cv's fold: test the one chosen, once.
         if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
-            root = getattr(cli.datamodule, "root", None)  # where the images are: the command says, never the file
-            where = ["--data.root", root] if root else []
-            own = named_again(cli.config.get(str(cli.subcommand), cli.config).as_dict())  # your own classes, again
-            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *own, *where]
+            config = cli.config.get(str(cli.subcommand), cli.config).as_dict()
+            # Your own classes, and where the data is (a command says it, never the file), named again.
+            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *named_again(config), *places_again(config)]
             lines.append(f"test it, once:   {shown_command(test)}")
     rows = next((c.rows for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
     if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:

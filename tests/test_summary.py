@@ -27,9 +27,11 @@ def fitted(best_model_path: str) -> SimpleNamespace:
     last = ModelCheckpoint()
     last.best_model_path = str(Path(best_model_path).parent / "last.ckpt")
     trainer = SimpleNamespace(checkpoint_callbacks=[best, last], callbacks=[best, last], loggers=[None])
-    return SimpleNamespace(
-        trainer=trainer, datamodule=SimpleNamespace(root="images"), run_name=None, config=Namespace(), subcommand="fit"
+    data = Namespace(
+        class_path="template.data.ImageFolderDataModule", init_args=Namespace(root="images", cache_dir="c")
     )
+    config = Namespace(data=data)
+    return SimpleNamespace(trainer=trainer, datamodule=data.init_args, run_name=None, config=config, subcommand="fit")
 
 
 def test_a_checkpoint_path_from_elsewhere_is_shown_escaped_and_its_test_command_quoted(capsys):
@@ -59,3 +61,13 @@ def test_a_warning_quoting_a_file_name_from_elsewhere_shows_its_escape_sequences
         main(["fit", "--help"])
     shown = warnings.formatwarning(f"{HOSTILE} holds links", UserWarning, "restore.py", 1)
     assert "\x1b" not in shown and "\\x1b]0;PWNED" in shown and "holds links" in shown
+
+
+def test_the_test_command_says_again_where_your_own_data_module_reads(capsys):
+    """Your DataModule's place arguments (``path``) are no checkpoint's to record: the printed test command failed
+    with "the following arguments are required: path"."""
+    cli = fitted("runs/npz/version_0/checkpoints/best.ckpt")
+    cli.config = Namespace(data=Namespace(class_path="my_data.NpzDataModule", init_args=Namespace(path="shapes.npz")))
+    print_summary(cli, Path("runs/npz/version_0"))
+    test = shlex.split(re.search(r"test it, once: +(.*)", capsys.readouterr().out).group(1))
+    assert test[4:] == ["--data", "my_data.NpzDataModule", "--data.path", "shapes.npz"]
