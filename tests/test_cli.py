@@ -282,3 +282,21 @@ def test_ordinary_mistakes_end_in_one_message_and_leave_no_run_directory(tmp_pat
     args, _ = mistakes(tmp_path)["no test folder"]
     with pytest.raises(FileNotFoundError, match="no test/ folder"):
         main([*args, *quiet])
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
+def test_a_true_precision_trains_on_inputs_of_its_dtype(run_cli, precision):
+    """The batch is made float (normalised) after Lightning casts it: a network in bfloat16 or float64 was fed
+    float32 ("Input type (torch.FloatTensor) and weight type ... should be the same"), even the summary's example."""
+    fitted = run_cli(
+        "fit",
+        "--trainer.precision",
+        precision,
+        "--trainer.fast_dev_run",
+        "true",
+        "--trainer.enable_model_summary",
+        "true",
+    )
+    assert (
+        next(fitted.model.net.parameters()).dtype == {"bf16-true": torch.bfloat16, "64-true": torch.float64}[precision]
+    )

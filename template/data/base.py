@@ -379,8 +379,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return self._loader("predict", train=False)
 
     def on_after_batch_transfer(self, batch: Split | torch.Tensor, dataloader_idx: int) -> Split | torch.Tensor:
+        # Made float32 here, after Lightning cast the (uint8) batch: a -true precision's dtype then.
+        plugin = getattr(self.trainer, "precision_plugin", None)  # none: a trainer of your own making, or none
+        as_trained = plugin.convert_input if plugin is not None else lambda x: x
         if isinstance(batch, torch.Tensor):
-            return batch  # the model summary's example input, not a data batch
+            return as_trained(batch)  # the model summary's example input, not a data batch
         images, labels = batch  # uint8 (B, C, H', W') at resize_size, on the training device
         if len(self.mean) == 0:  # evaluating without a checkpoint's statistics
             self._compute_normalization()
@@ -399,7 +402,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if training:
             images = random_erasing(images, self.random_erasing)
             images, labels = mix(images, labels, self.num_classes, self.mixup_alpha, self.cutmix_alpha)
-        return images, labels
+        return as_trained((images, labels))  # soft (mixed) labels too
 
 
 def instantiate_data(config: Namespace) -> ImageDataModule:
