@@ -2,10 +2,11 @@
 sizes and times and the resize settings. Files are renamed into place, the JSON record last, so an interrupted
 build is never trusted; a damaged one is named in a warning and rebuilt."""
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
-import zlib
 from contextlib import nullcontext
 from multiprocessing import get_context
 from pathlib import Path
@@ -19,7 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from template.data.images import open_image
 from template.files import read_at_most, replaced_atomically, write_atomic
 
-CACHE_VERSION = 3  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding
+CACHE_VERSION = 4  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding;
+# 4: the checksum keyed with this user's cache_key, over the record's values too
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
 # The most a JSON record may take, read whole: its shape and checksum, then each file's path, which comes again in
 # the reason the file is unreadable. A path is at most 4,096 bytes (Linux's PATH_MAX), up to three times that in
@@ -40,9 +42,30 @@ def fingerprint(files: list[Path], settings: dict) -> str:
     return digest.hexdigest()[:24]
 
 
-def checksum(images: np.ndarray) -> str:
-    """A digest of the pixels: crc32 finds damage (not tampering), faster than sha1 and md5."""
-    return f"crc32:{zlib.crc32(memoryview(images.reshape(-1))):08x}"
+def cache_key() -> bytes:
+    """This user's secret for the caches' checksums, made once (``~/.cache/<package>/cache.key``, readable by its
+    owner only): a cache written elsewhere, its pixels and checksum together, matches nothing made here."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = home / __package__.partition(".")[0] / "cache.key"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".cache.key.{os.getpid()}.tmp")
+        temporary.unlink(missing_ok=True)
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(os.urandom(32))
+        with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
+            os.link(temporary, path)  # whole or not at all, never replaced
+        temporary.unlink()
+    return read_at_most(path, 64)
+
+
+def checksum(images: np.ndarray | None, values: dict) -> str:
+    """A digest of a record's ``values`` and the pixels, keyed with ``cache_key``: finds damage, and a cache from
+    elsewhere (a stranger's pixels, or unreadable files they listed) as if it were."""
+    digest = hashlib.blake2b(json.dumps(values, sort_keys=True).encode(), key=cache_key(), digest_size=16)
+    if images is not None:
+        digest.update(memoryview(images.reshape(-1)))
+    return f"blake2b:{digest.hexdigest()}"
 
 
 def decode(path: Path, size: tuple[int, int], mode: str, interpolation: str = "bilinear") -> np.ndarray:
@@ -115,8 +138,8 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
         raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error
     if images.shape != shape or images.dtype != np.uint8:
         raise ValueError(f"{array_path} holds {images.dtype} {list(images.shape)}, not uint8 {list(shape)}")
-    if checksum(images) != record.get("checksum"):
-        raise ValueError(f"{array_path} does not match the checksum in {record_path}: its pixels changed")
+    if checksum(images, {"shape": list(shape), "invalid": record["invalid"]}) != record.get("checksum"):
+        raise ValueError(f"{array_path} does not match the checksum in {record_path}: changed, or made elsewhere")
     return images, invalid
 
 
@@ -156,7 +179,7 @@ def load_or_build(
                 images[index] = array
             else:
                 invalid[index] = error
-        digest = checksum(images)
+        digest = checksum(images, {"shape": list(shape), "invalid": {str(i): reason for i, reason in invalid.items()}})
         images.flush()
         del images
     # The record goes last: only an array with a record is ever trusted.
@@ -172,11 +195,15 @@ def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, n
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
     if record.exists():
         try:
-            return invalid_files(read_record(record, len(files)), len(files), record)
+            recorded = read_record(record, len(files))
+            if checksum(None, {"invalid": recorded.get("invalid")}) != recorded.get("checksum"):
+                raise ValueError(f"{record} does not match its checksum: changed, or made elsewhere")
+            return invalid_files(recorded["invalid"], len(files), record)
         except ValueError as damage:
             rank_zero_warn(f"the check record of {name} is damaged, so the files are checked again: {damage}")
     description = f"checking {name} ({len(files)} files)"
     invalid = {i: error for i, _, error in decode_all(files, (8, 8), mode, workers, description) if error}
     cache_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(record, json.dumps(invalid))
+    listed = {str(index): reason for index, reason in invalid.items()}
+    write_atomic(record, json.dumps({"invalid": listed, "checksum": checksum(None, {"invalid": listed})}))
     return invalid

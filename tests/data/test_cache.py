@@ -123,3 +123,36 @@ def test_a_fifo_where_a_cache_record_would_be_is_damage_not_a_wait(tmp_path):
     os.mkfifo(tmp_path / "record.json")  # opened, it would wait for a writer forever
     with pytest.raises(ValueError, match="is no regular file"):
         read_record(tmp_path / "record.json", 10)
+
+
+def test_a_cache_made_elsewhere_is_rebuilt_even_with_a_checksum_that_matches_its_pixels(
+    image_folder, tmp_path, monkeypatch
+):
+    """A stranger's cache (unpacked with a project, the same images' paths, sizes and times) with their pixels and a
+    checksum written for them, or with good files listed unreadable: trusted, it trained on what they chose."""
+    from template.data.cache import checksum
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "stranger"))
+    build(image_folder, tmp_path)
+    build(image_folder, tmp_path, cache=False, skip_invalid=True)
+    array, record = (
+        next((tmp_path / "cache").glob("train-*.npy")),
+        next((tmp_path / "cache").glob("train-*[0-9a-f].json")),
+    )
+    np.lib.format.open_memmap(array, mode="r+")[:] = 0
+    values = json.loads(record.read_text())
+    values["checksum"] = checksum(np.load(array), {"shape": values["shape"], "invalid": values["invalid"]})
+    record.write_text(json.dumps(values))
+    check = next((tmp_path / "cache").glob("train-*.check.json"))
+    check.write_text(
+        json.dumps({"invalid": {"0": "planted"}, "checksum": checksum(None, {"invalid": {"0": "planted"}})})
+    )
+    assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() == 0  # the stranger's, for the stranger
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "me"))
+    with pytest.warns(UserWarning, match="made elsewhere"):
+        assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() > 0
+    with pytest.warns(UserWarning, match="made elsewhere"):
+        data = build(image_folder, tmp_path, cache=False, skip_invalid=True)
+    assert len(data.split_files["train"] + data.split_files["val"]) == 36  # no good file left out
+    assert oct((tmp_path / "me" / "template" / "cache.key").stat().st_mode)[-3:] == "600"
