@@ -278,7 +278,9 @@ class ImageFolderDataModule(ImageDataModule):
             files = self._predict_files()
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if self.root is None:
-            raise FileNotFoundError(f"{split} needs images: give --data.root DIR, the folder of the {split}/ images")
+            raise FileNotFoundError(  # a split drawn from train/ asks for train's: the folder is the answer
+                "no images to read: give --data.root DIR, the folder that holds train/<class>/ (val/, test/ if any)"
+            )
         if split not in self.folders:
             or_else = ", set data.test_fraction above 0, or run validate" if split == "test" else ""
             raise FileNotFoundError(

@@ -343,3 +343,12 @@ def test_statistics_a_checkpoint_could_not_hold_are_refused_before_training(imag
     be refused when read back: said at setup, naming the options."""
     with pytest.raises(ValueError, match=refused):
         module(image_folder, tmp_path, **stats).setup("fit")
+
+
+def test_testing_a_trained_model_without_a_root_asks_for_the_folder_not_a_split(tmp_path):
+    """`test --ckpt_path best` without --data.root said "train needs images", of a command that tests."""
+    data = ImageFolderDataModule(None, classes=["cat", "dog"], image_size=16, cache_dir=str(tmp_path))
+    with pytest.raises(
+        FileNotFoundError, match=r"no images to read: give --data.root DIR, the folder that holds train/"
+    ):
+        data.setup("test")
