@@ -45,18 +45,24 @@ def fingerprint(files: list[Path], settings: dict) -> str:
 def cache_key() -> bytes:
     """This user's secret for the caches' checksums, made once (``~/.cache/<package>/cache.key``, readable by its
     owner only): a cache written elsewhere, its pixels and checksum together, matches nothing made here."""
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    home = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
     path = home / __package__.partition(".")[0] / "cache.key"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".cache.key.{os.getpid()}.tmp")
-        temporary.unlink(missing_ok=True)
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
-            file.write(os.urandom(32))
-        with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
-            os.link(temporary, path)  # whole or not at all, never replaced
-        temporary.unlink()
-    return read_at_most(path, 64)
+    try:
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f".cache.key.{os.getpid()}.tmp")
+            temporary.unlink(missing_ok=True)
+            with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                file.write(os.urandom(32))
+            with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
+                os.link(temporary, path)  # whole or not at all, never replaced
+            temporary.unlink()
+        return read_at_most(path, 64)
+    except (OSError, ValueError) as error:
+        raise OSError(
+            f"the image cache's key {path} cannot be made or read ({error}): set XDG_CACHE_HOME to a folder of yours "
+            "you may write"
+        ) from None
 
 
 def checksum(images: np.ndarray | None, values: dict) -> str:

@@ -156,3 +156,12 @@ def test_a_cache_made_elsewhere_is_rebuilt_even_with_a_checksum_that_matches_its
         data = build(image_folder, tmp_path, cache=False, skip_invalid=True)
     assert len(data.split_files["train"] + data.split_files["val"]) == 36  # no good file left out
     assert oct((tmp_path / "me" / "template" / "cache.key").stat().st_mode)[-3:] == "600"
+
+
+def test_a_cache_key_that_cannot_be_made_names_the_variable_that_moves_it(tmp_path, monkeypatch):
+    from template.data.cache import cache_key
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # no folder can be made under a file
+    with pytest.raises(OSError, match="cache.key cannot be made or read .*: set XDG_CACHE_HOME to a folder"):
+        cache_key()
