@@ -165,7 +165,9 @@ def format_python(project: Path) -> str | None:
     lines past or back under the line length. Returns None when done, or the command that finishes the job."""
     ruff = [sys.executable, "-m", "ruff"] if importlib.util.find_spec("ruff") else [shutil.which("ruff") or ""]
     try:
-        done = subprocess.run([*ruff, "format", "--quiet", "."], cwd=project, capture_output=True, text=True)
+        done = subprocess.run(
+            [*ruff, "format", "--quiet", "--no-cache", "."], cwd=project, capture_output=True, text=True
+        )
     except (FileNotFoundError, PermissionError):
         done = None
     if done is None or done.returncode != 0:

@@ -268,7 +268,7 @@ def test_rename_script_is_the_same_route_without_cookiecutter(tmp_path):
     project = tmp_path / "bird"
     assert (project / "bird_watch" / "cli.py").is_file()
     assert 'authors = [{ name = "A. Person" }]' in (project / "pyproject.toml").read_text()
-    assert not (project / "hooks").exists()
+    assert not (project / "hooks").exists() and not (project / ".ruff_cache").exists()  # formatted, no cache left
     refused = subprocess.run([*script, str(tmp_path / "x"), "--project-name", "P", "--package-name", "torch"],
                              capture_output=True, text=True)  # fmt: skip
     assert refused.returncode == 2 and "'torch' would shadow" in refused.stderr and not (tmp_path / "x").exists()
