@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from template.files import NotARegularFile, open_regular, remove_stale_temporaries, replaced_atomically
+from template.text import printable
 
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
@@ -211,7 +212,7 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
     if report and strict:
         raise RuntimeError("weights do not match the network; " + "; ".join(report) + " (strict: false loads the rest)")
     for line in report:
-        print(f"not loaded, {line}")
+        print(printable(f"not loaded, {line}"))  # key names from the file
     net.load_state_dict({k: v for k, v in stripped.items() if k not in mismatched}, strict=False)
 
 
@@ -292,8 +293,9 @@ def check_values(value: Any, source: str) -> None:
                     f"refusing {source}: its tensor {spoken(key) or 'at the top'} {tuple(item.shape)} claims more "
                     "values than the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
                 )
-            claimed += item.numel() * item.element_size()
-            storages[item.untyped_storage().data_ptr()] = stored
+            if item.layout == torch.strided:  # a sparse tensor has no storage to ask of (refused above unless empty)
+                claimed += item.numel() * item.element_size()
+                storages[item.untyped_storage().data_ptr()] = stored
         elif lightning and type(item) is int and not (-MAX_COUNT if key.startswith(RECORDS) else 0) <= item < MAX_COUNT:
             low = "-2**32" if key.startswith(RECORDS) else "0"
             raise DamagedCheckpointError(

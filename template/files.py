@@ -56,19 +56,24 @@ class NotARegularFile(OSError):
 
 
 def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened to read if it is a regular file (links followed), else NotARegularFile says what it is. Opened
-    without waiting and checked once open: a FIFO by that name would wait for a writer forever, a device read on."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    """``path`` opened to read if it is a regular file (links followed), else NotARegularFile says what it is: never
+    opened otherwise (a FIFO would wait for a writer forever, a tape or a tty acts on being opened), and checked again
+    once open, without waiting, in case another file took its name in between."""
+    check_regular(path, os.stat(path).st_mode)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a directory" if stat.S_ISDIR(mode) else "no regular file (a FIFO, socket or device)"
-            raise NotARegularFile(f"{path} is {what}")
+        check_regular(path, os.fstat(descriptor).st_mode)
         os.set_blocking(descriptor, True)
         return os.fdopen(descriptor, "rb")
     except BaseException:
         os.close(descriptor)
         raise
+
+
+def check_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "no regular file (a FIFO, socket or device)"
+        raise NotARegularFile(f"{path} is {what}")
 
 
 def read_at_most(path: Path, limit: int) -> bytes:

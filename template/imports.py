@@ -18,15 +18,16 @@ MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH = 1 << 20, 4
 def named_modules(args: list[str]) -> set[str]:
     """The first names of the dotted names in a command's arguments and in the config files they name (and those
     files name, a few levels down): every module a command of yours can name."""
-    texts, read = list(args), set()
+    texts, read = [(Path(), text) for text in args], set()  # (the folder a text's file names are relative to, text)
     for _ in range(MAX_CONFIG_DEPTH):
-        files = {Path(match) for text in texts for match in CONFIG_FILE.findall(text)} - read
+        named = {where / match for where, text in texts for match in CONFIG_FILE.findall(text)}
+        named |= {Path(match) for _, text in texts for match in CONFIG_FILE.findall(text)}  # or to where you run
         texts = []
-        for file in files:
+        for file in named - read:
             read.add(file)
             if file.is_file() and file.stat().st_size <= MAX_CONFIG_BYTES:
-                texts.append(file.read_text(errors="replace"))
-        args = [*args, *texts]
+                texts.append((file.parent, file.read_text(errors="replace")))
+        args = [*args, *(text for _, text in texts)]
     return {name for text in args for name in DOTTED.findall(text)}
 
 
@@ -61,11 +62,8 @@ def importer(frame) -> str:
 
 def find_own_modules(args: list[str]) -> None:
     """The working directory's modules that ``args`` name become importable, after every installed one (once a
-    process); the working directory that ``python -m`` puts first on the import path is taken off it."""
+    process; ``template/__main__.py`` first takes off the import path the working directory ``python -m`` put there)."""
     if getattr(sys.flags, "safe_path", False):  # python -P: no module of the working directory at all
         return
-    folder = os.getcwd()
-    if sys.path and sys.path[0] in ("", folder):
-        del sys.path[0]
     if not any(isinstance(finder, OwnModules) for finder in sys.meta_path):
-        sys.meta_path.append(OwnModules(folder, named_modules(args)))
+        sys.meta_path.append(OwnModules(os.getcwd(), named_modules(args)))

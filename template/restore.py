@@ -44,11 +44,17 @@ from template.checkpoints import (
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
 from template.runs import runs_dir
+from template.text import printable
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # The module's arguments the CLI links from the data: compared with the data, not set.
-RESUMED_TRAINING = ("optimizer", "lr_scheduler", "scheduler_interval")  # of the module: restored, not rebuilt
+RESUMED_TRAINING = (
+    "optimizer",
+    "lr_scheduler",
+    "scheduler_interval",
+    "layer_decay",
+)  # of the module: restored, not rebuilt
 LINKED = ("num_classes", "class_names", "input_shape")
 # The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
@@ -503,7 +509,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     if ckpt_path in CHECKPOINT_ALIASES:
         found = find_checkpoint(ckpt_path, runs_dir(config))
         if rank_zero_only.rank == 0:
-            print(f"--ckpt_path {ckpt_path} -> {found}")
+            print(printable(f"--ckpt_path {ckpt_path} -> {found}"))  # run names from the disk
         ckpt_path = found
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
@@ -532,9 +538,12 @@ def places_again(config: dict) -> list[str]:
     """The options that say again where ``config``'s data is (a checkpoint records no place): its arguments named as
     places that hold one (``root``, your DataModule's ``path``), but for the cache's and the predicted images'."""
     given = (config.get("data") or {}).get("init_args") or {}
-    places = [name for name, value in given.items() if PATH_NAMES.search(name) and isinstance(value, str)]
+    places = [name for name, value in given.items() if PATH_NAMES.search(name) and isinstance(value, str | PurePath)]
     return [
-        arg for name in places if name not in ("cache_dir", "predict_path") for arg in (f"--data.{name}", given[name])
+        arg
+        for name in places
+        if name not in ("cache_dir", "predict_path")
+        for arg in (f"--data.{name}", str(given[name]))
     ]
 
 
@@ -545,7 +554,9 @@ def importable(name: str) -> str | None:
         return name
     target = entry[1]
     built_in = target.__module__.partition(".")[0] in (__name__.partition(".")[0], "torch", "torchvision")
-    return None if built_in else f"{target.__module__}.{target.__qualname__}"
+    if built_in or target.__module__ == "__main__":  # a script's: no other process can import it by that name
+        return None if built_in else name
+    return f"{target.__module__}.{target.__qualname__}"
 
 
 def check_resumed_training(restored: Restored, model: dict) -> None:
@@ -553,7 +564,8 @@ def check_resumed_training(restored: Restored, model: dict) -> None:
     schedule it saved are restored over them, so they would never take effect while the run's record said they had."""
     saved = restored.config.get("model", {}).get("init_args", {})
     given = model.get("init_args") or {}
-    changes = [change for key in RESUMED_TRAINING for change in differences(saved.get(key), given.get(key), key)]
+    both = [key for key in RESUMED_TRAINING if key in saved and key in given]  # a record without one: nothing to hold
+    changes = [change for key in both for change in differences(saved[key], given[key], key)]
     if changes:
         raise ValueError(
             f"{restored.path}: a resume continues the optimizer and schedule its checkpoint saved, so these settings "

@@ -119,7 +119,7 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     (tmp_path / "my_helpers.py").write_text("")  # your module's own imports from here are found too
     # A file named as an installed package (imported only once training starts) is not taken for it, nor one named
     # as a module a library imports if it can (torch imports tabulate at exit): run in a stranger's folder, they ran.
-    for planted in ("tensorboard", "tabulate", "tensorflow", "torch_xla"):
+    for planted in ("tensorboard", "tabulate", "tensorflow", "torch_xla", "inspect", "tokenize"):
         (tmp_path / f"{planted}.py").write_text("open('planted-module-ran', 'w')\n")
     quick = [
         *tiny_args(tmp_path / "runs"),
@@ -192,3 +192,16 @@ def test_every_problem_of_an_image_folder_is_reported_in_one_pass_grouped(tmp_pa
     assert "1 empty class folder(s)" in said and "train/zebra" in said
     assert f"unreadable file(s) in {root / 'train'}" in said and "broken.jpg" in said
     assert f"unreadable file(s) in {root / 'test'}" in said and "cut.png" in said
+
+
+def test_the_modules_a_command_names_are_found_in_its_configs_and_the_configs_they_name(tmp_path, monkeypatch):
+    """Only they are imported from the working directory: named on the command line, in a --config file (also as
+    --config=file), or in a config that one names, relative to the naming file's folder as jsonargparse reads it."""
+    from template.imports import named_modules
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs" / "model").mkdir(parents=True)
+    (tmp_path / "configs" / "exp.yaml").write_text("model: model/f1.yaml\ndata:\n  class_path: my_data.Npz\n")
+    (tmp_path / "configs" / "model" / "f1.yaml").write_text("class_path: my_module.F1Module\n")
+    names = named_modules(["fit", "--config=configs/exp.yaml", "--model.net", "my_nets.Net"])
+    assert {"my_module", "my_data", "my_nets"} <= names and "tabulate" not in names

@@ -960,3 +960,15 @@ def test_export_shows_a_checkpoint_s_text_in_its_error_as_escapes(trained, tmp_p
         enter("export", tmp_path / "escaped.ckpt", tmp_path)
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\\x1b]0;PWNED" in err and "refusing" in err
+
+
+def test_a_record_without_optimizer_settings_resumes_without_a_word_about_them(trained, tmp_path, monkeypatch):
+    """A module built in Python (its optimizer a class, not a record) saves none: nothing to hold a resume to."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = torch.load(trained, weights_only=True)
+    for key in ("optimizer", "lr_scheduler", "layer_decay"):
+        checkpoint["hyper_parameters"].pop(key, None)
+    checkpoint.pop("integrity")
+    torch.save(checkpoint, tmp_path / "bare.ckpt")
+    enter("fit", tmp_path / "bare.ckpt", tmp_path)  # resumed: no SystemExit
+    assert list((tmp_path / "runs").glob("*/version_0/checkpoints/last.ckpt"))  # and trained on

@@ -3,6 +3,7 @@ sizes and times and the resize settings. Files are renamed into place, the JSON 
 build is never trusted; a damaged one is named in a warning and rebuilt."""
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -27,42 +28,57 @@ DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest i
 # the reason the file is unreadable. A path is at most 4,096 bytes (Linux's PATH_MAX), up to three times that in
 # JSON's \u escapes: 32 KiB a file leaves room for the reason's words. A larger record is damage, and rebuilt.
 RECORD_BYTES, RECORD_BYTES_PER_FILE = 1 << 20, 32 << 10
+KEY_BYTES = 32
 
 
-class CacheTooLarge(OSError):
+class CacheUnavailable(OSError):
+    """No cache can be built or trusted here; nothing was written."""
+
+
+class CacheTooLarge(CacheUnavailable):
     """The cache would not fit the free disk space; nothing was written."""
 
 
 def fingerprint(files: list[Path], settings: dict) -> str:
     """A digest of every file's path, size and mtime plus the decode settings."""
-    digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, **settings}, sort_keys=True).encode())
+    # Whose: a cache folder several users share holds one cache of each, rather than each rebuilding the other's.
+    owner = hashlib.sha256(cache_key() or b"").hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "owner": owner, **settings}, sort_keys=True).encode())
     for path in files:
         stat = path.stat()
         digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:24]
 
 
-def cache_key() -> bytes:
+@functools.cache
+def cache_key() -> bytes | None:
     """This user's secret for the caches' checksums, made once (``~/.cache/<package>/cache.key``, readable by its
-    owner only): a cache written elsewhere, its pixels and checksum together, matches nothing made here."""
-    home = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
-    path = home / __package__.partition(".")[0] / "cache.key"
+    owner only): a cache written elsewhere, its pixels and checksum together, matches nothing made here. None where
+    no folder of the user's can hold it (a read-only home; no home but the working directory, which is anyone's)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    path = Path(base, __package__.partition(".")[0], "cache.key")
     try:
+        if not path.is_absolute():
+            raise OSError("not an absolute path")
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_name(f".cache.key.{os.getpid()}.tmp")
             temporary.unlink(missing_ok=True)
             with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
-                file.write(os.urandom(32))
+                file.write(os.urandom(KEY_BYTES))
+                os.fsync(file.fileno())  # whole on disk before it is linked into place
             with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
                 os.link(temporary, path)  # whole or not at all, never replaced
             temporary.unlink()
-        return read_at_most(path, 64)
+        if len(key := read_at_most(path, KEY_BYTES)) != KEY_BYTES:
+            raise ValueError(f"{len(key)} bytes, not {KEY_BYTES}")
+        return key
     except (OSError, ValueError) as error:
-        raise OSError(
-            f"the image cache's key {path} cannot be made or read ({error}): set XDG_CACHE_HOME to a folder of yours "
-            "you may write"
-        ) from None
+        rank_zero_warn(
+            f"the image cache's key {path} cannot be made or read ({error}): no cache is built or trusted, images are "
+            "decoded every epoch; set XDG_CACHE_HOME to a folder of yours you may write"
+        )
+        return None
 
 
 def checksum(images: np.ndarray | None, values: dict) -> str:
@@ -161,6 +177,8 @@ def load_or_build(
     """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache when it
     matches and is whole, else decoded and written (CacheTooLarge first when it would not fit)."""
     settings = {"size": list(size), "mode": mode} | ({} if interpolation == "bilinear" else {"resample": interpolation})
+    if cache_key() is None:
+        raise CacheUnavailable("the image cache has no key (XDG_CACHE_HOME)")
     key = fingerprint(files, settings)
     cache_dir.mkdir(parents=True, exist_ok=True)
     array_path, record_path = cache_dir / f"{name}-{key}.npy", cache_dir / f"{name}-{key}.json"
@@ -199,6 +217,8 @@ def load_or_build(
 def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, name: str) -> dict[int, str]:
     """The unreadable ``files`` ({index: reason}) for streaming: each decoded once, recorded like the cache."""
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
+    if cache_key() is None:  # no record can be trusted, nor written for later
+        return {i: error for i, _, error in decode_all(files, (8, 8), mode, workers, f"checking {name}") if error}
     if record.exists():
         try:
             recorded = read_record(record, len(files))

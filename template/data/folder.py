@@ -16,7 +16,7 @@ from template.data.base import (  # one name a line: a renamed project's longer 
     image_size_pair,
     stratified_split,
 )
-from template.data.cache import CacheTooLarge, decode, load_or_build, load_or_check
+from template.data.cache import CacheTooLarge, CacheUnavailable, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
 from template.text import shown
@@ -241,11 +241,13 @@ class ImageFolderDataModule(ImageDataModule):
                 return load_or_build(
                     files, self.resize_size, self.mode, self.cache_dir, self.num_workers, split, self.interpolation
                 )
-            except CacheTooLarge as too_large:
+            except CacheUnavailable as unavailable:
                 if self.cache:
-                    message = "free some space, set data.cache_dir to a disk with room, or data.cache to null or false"
-                    raise CacheTooLarge(f"{too_large}; data.cache is true: {message}") from None
-                rank_zero_warn(f"{too_large}, so {split} streams from the files instead (decoded every epoch)")
+                    where = "free some space, set data.cache_dir to a disk with room"
+                    where = where if isinstance(unavailable, CacheTooLarge) else "set XDG_CACHE_HOME (its key)"
+                    message = f"{unavailable}; data.cache is true: {where}, or data.cache to null or false"
+                    raise type(unavailable)(message) from None
+                rank_zero_warn(f"{unavailable}, so {split} streams from the files instead (decoded every epoch)")
         return None, load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
 
     def _source(self, split: str) -> tuple[list[Path], np.ndarray, np.ndarray, np.ndarray | None]:

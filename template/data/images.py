@@ -1,6 +1,5 @@
 """How an image file becomes a PIL image: the one opener of the cached and the streamed paths."""
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +18,16 @@ def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
     (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
     """
     try:
-        with warnings.catch_warnings():  # Pillow only warns up to twice its limit: gigabytes from a small file
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(path, formats=FORMATS)
+        image = Image.open(path, formats=FORMATS)
     except Image.UnidentifiedImageError:  # Pillow's words name no format it was allowed
         raise ValueError(f"no image of a format read here ({', '.join(FORMATS)}): convert it to PNG or JPEG") from None
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+    except Image.DecompressionBombError:
         raise ValueError(f"over {Image.MAX_IMAGE_PIXELS:,} pixels (PIL.Image.MAX_IMAGE_PIXELS): resize it") from None
     with image:
         if draft is not None:
             image.draft(image.mode, (draft, draft))  # a square: either orientation
+        if image.width * image.height > Image.MAX_IMAGE_PIXELS:  # Pillow only warns up to twice it: gigabytes
+            raise ValueError(f"over {Image.MAX_IMAGE_PIXELS:,} pixels (PIL.Image.MAX_IMAGE_PIXELS): resize it")
         image.load()  # decodes it all: a truncated file fails here, not later in training
         ImageOps.exif_transpose(image, in_place=True)
         if image.mode == "F" or (image.mode == "I" and np.asarray(image).max(initial=0) > 65535):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.model_summary import ModelSummary
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from torch import nn
 
@@ -28,7 +29,7 @@ from template.cli import PROGRAM, cli
 from template.data.base import ImageDataModule
 from template.data.loaders import TensorImageDataset
 from template.module import ClassificationModule
-from template.text import shown
+from template.text import printable
 from template.tools.short_fit import MeasureSteps, Memorise, short_fit
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
@@ -340,8 +341,7 @@ def main(args: list[str]) -> None:
         row = [
             f"{check.group}: {check.name}",
             f"[{STYLE[check.status]}]{check.status}[/]",
-            shown(check.detail),
-            shown(check.fix),
+            *(escape(printable(text)) for text in (check.detail, check.fix)),
         ]
         table.add_row(*row[:columns])
     console = Console()

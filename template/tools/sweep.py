@@ -177,6 +177,7 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
     # A running trial that never sent a heartbeat (written by a process without them) is never found stale, and the
     # study would wait for it forever: one heartbeat now, and it is failed a grace period later unless a worker's
     # heartbeats go on. A live worker's trial only gets one more.
+    optuna.storages.fail_stale_trials(study)  # a dead worker's, already stale: failed now, not a grace period on
     study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))

@@ -125,20 +125,20 @@ def test_a_fifo_where_a_cache_record_would_be_is_damage_not_a_wait(tmp_path):
         read_record(tmp_path / "record.json", 10)
 
 
-def test_a_cache_made_elsewhere_is_rebuilt_even_with_a_checksum_that_matches_its_pixels(
+def test_a_cache_made_elsewhere_is_never_used_even_with_a_checksum_that_matches_its_pixels(
     image_folder, tmp_path, monkeypatch
 ):
     """A stranger's cache (unpacked with a project, the same images' paths, sizes and times) with their pixels and a
-    checksum written for them, or with good files listed unreadable: trusted, it trained on what they chose."""
-    from template.data.cache import checksum
+    checksum written for them, or with good files listed unreadable: trusted, it trained on what they chose. Each
+    user's caches are their own (a shared cache folder holds one of each)."""
+    from template.data.cache import cache_key, checksum
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "stranger"))
+    cache_key.cache_clear()
     build(image_folder, tmp_path)
     build(image_folder, tmp_path, cache=False, skip_invalid=True)
-    array, record = (
-        next((tmp_path / "cache").glob("train-*.npy")),
-        next((tmp_path / "cache").glob("train-*[0-9a-f].json")),
-    )
+    array = next((tmp_path / "cache").glob("train-*.npy"))
+    record = array.with_suffix(".json")
     np.lib.format.open_memmap(array, mode="r+")[:] = 0
     values = json.loads(record.read_text())
     values["checksum"] = checksum(np.load(array), {"shape": values["shape"], "invalid": values["invalid"]})
@@ -150,18 +150,29 @@ def test_a_cache_made_elsewhere_is_rebuilt_even_with_a_checksum_that_matches_its
     assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() == 0  # the stranger's, for the stranger
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "me"))
-    with pytest.warns(UserWarning, match="made elsewhere"):
-        assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() > 0
-    with pytest.warns(UserWarning, match="made elsewhere"):
-        data = build(image_folder, tmp_path, cache=False, skip_invalid=True)
+    cache_key.cache_clear()
+    assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() > 0
+    data = build(image_folder, tmp_path, cache=False, skip_invalid=True)
     assert len(data.split_files["train"] + data.split_files["val"]) == 36  # no good file left out
     assert oct((tmp_path / "me" / "template" / "cache.key").stat().st_mode)[-3:] == "600"
+    # Their files, under my cache's names (whoever may write the folder): refused by my key, and rebuilt.
+    mine = sorted(path for path in (tmp_path / "cache").glob("train-*.npy") if path != array)
+    assert len(mine) == 1
+    mine[0].with_suffix(".json").write_text(json.dumps(values))
+    with pytest.warns(UserWarning, match="changed, or made elsewhere"):
+        assert build(image_folder, tmp_path).datasets["train"].images.abs().sum() > 0
 
 
-def test_a_cache_key_that_cannot_be_made_names_the_variable_that_moves_it(tmp_path, monkeypatch):
+def test_without_a_folder_for_the_cache_key_images_stream_and_the_warning_names_the_variable(
+    image_folder, tmp_path, monkeypatch
+):
     from template.data.cache import cache_key
 
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # no folder can be made under a file
-    with pytest.raises(OSError, match="cache.key cannot be made or read .*: set XDG_CACHE_HOME to a folder"):
-        cache_key()
+    cache_key.cache_clear()
+    with pytest.warns(UserWarning, match="cache.key cannot be made or read .*set XDG_CACHE_HOME to a folder"):
+        data = build(image_folder, tmp_path)
+    assert type(data.datasets["train"]).__name__ == "FileDataset"  # streamed: decoded every epoch
+    assert not list((tmp_path / "cache").glob("*.npy")) and not list((tmp_path / "cache").glob("*.check.json"))
+    cache_key.cache_clear()
