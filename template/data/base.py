@@ -255,6 +255,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         if "train" not in self.datasets:
             self.datasets["train"] = self.make_dataset("train")
         self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
+        if not (self.mean.isfinite().all() and self.std.isfinite().all()):
+            raise ValueError(f"the training images hold NaN or infinite pixels: their mean is {self.mean.tolist()}")
         # As a checkpoint's record is checked when it is read: statistics of 0-255 pixels refused now, not after training.
         check_preprocessing(self.preprocessing(), f"{type(self).__name__}'s normalization (data.mean, data.std)")
 

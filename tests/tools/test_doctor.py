@@ -128,7 +128,7 @@ def test_the_default_config_passes_every_check(capsys):
         (SoftmaxNet(), None, "raw logits", "softmax"),
         (UnusedBranchNet(), None, "gradients", "auxiliary.weight"),
         (InPlaceNet(), None, "backward", "inplace"),
-        (None, NaNPixels(), "batches", "NaN"),
+        (None, NaNPixels(), "fit splits", "NaN or infinite pixels"),  # its statistics, before any batch
         (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
         (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test["),
     ],
