@@ -2,6 +2,7 @@
 signatures plus YAML in ``configs/``, so a misspelt key or a wrongly typed value fails before any training."""
 
 import json
+import pkgutil
 import sys
 import warnings
 from pathlib import Path
@@ -29,7 +30,7 @@ from template.data import ImageDataModule
 from template.data.base import instantiate_data
 from template.module import ClassificationModule
 from template.nets.pretrained import head_name, pretrained
-from template.nets.shape import check_fits, network_arguments
+from template.nets.shape import check_fits, check_given, network_arguments
 from template.options import (  # one name a line: a renamed project's longer package name fits
     DEFAULT_CONFIG,
     EXTRA_COMMANDS,
@@ -121,6 +122,11 @@ class ClassificationCLI(LightningCLI):
             net.class_path, init_args, data_args, config.get("weights_file"), self.restored is None
         )
         data = instantiate_data(data_config)
+        if self.restored is None:  # a checkpoint's sizes are held to the data by fit_data, which names the file
+            linked = {key: getattr(data, key) for key in ("num_classes", "class_names", "input_shape")}
+            check_given(pkgutil.resolve_name(config.model.class_path), config.model.init_args, linked, "model")
+            sizes = {"num_classes": data.num_classes, "in_channels": data.in_channels}
+            check_given(pkgutil.resolve_name(net.class_path), init_args, sizes, "model.net")
         net.init_args = Namespace(
             **network_arguments(net.class_path, vars(init_args), data.num_classes, data.in_channels)
         )

@@ -205,3 +205,21 @@ def test_the_modules_a_command_names_are_found_in_its_configs_and_the_configs_th
     (tmp_path / "configs" / "model" / "f1.yaml").write_text("class_path: my_module.F1Module\n")
     names = named_modules(["fit", "--config=configs/exp.yaml", "--model.net", "my_nets.Net"])
     assert {"my_module", "my_data", "my_nets"} <= names and "tabulate" not in names
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        (["--model.num_classes", "5"], "model.num_classes=5, but the data gives 10"),
+        (["--model.class_names", "[a, b]"], "model.class_names=['a', 'b'], but the data gives ['0', '1'"),
+        (["--model.net.num_classes", "5"], "model.net.num_classes=5, but the data gives 10"),
+        (["--model.net.in_channels", "4"], "model.net.in_channels=4, but the data gives 1"),
+        (["--model.net", "torchvision.models.resnet18", "--model.net.num_classes", "1000"], "gives 10"),
+    ],
+)
+def test_a_size_the_data_decides_is_not_replaced_without_a_word_when_given_otherwise(tmp_path, capsys, options, named):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args(tmp_path / "runs"), "--trainer.fast_dev_run", "true", *options])
+    assert exit_info.value.code == 1 and named in capsys.readouterr().err
+    given_as_the_data_says = cli([*tiny_args(tmp_path / "runs"), "--model.net.num_classes", "10"], run=False)
+    assert given_as_the_data_says.model.net.head.out_features == 10

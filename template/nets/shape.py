@@ -59,3 +59,20 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
             f"the network {type(net).__name__} gives outputs of shape {shape} for 2 images, not [2, {num_classes}] "
             f"(one logit per class of the data); give it num_classes, or a head with {num_classes} outputs"
         )
+
+
+def check_given(target: Any, given: dict, data: dict, option: str) -> None:
+    """Refuse a value of ``given`` other than its default that contradicts the one the data decides (``data``): it
+    would be replaced without a word, and the run would not be the one asked for."""
+    defaults = {}
+    for function in [c.__init__ for c in target.__mro__] if isinstance(target, type) else [target]:
+        with contextlib.suppress(TypeError, ValueError):
+            for parameter in inspect.signature(function).parameters.values():
+                defaults.setdefault(parameter.name, None if parameter.default is parameter.empty else parameter.default)
+    for key, value in data.items():
+        said, value = (list(v) if isinstance(v, list | tuple) else v for v in (given.get(key), value))
+        if said not in (None, defaults.get(key), value):
+            raise ValueError(
+                f"{option}.{key}={said}, but the data gives {value}: the data decides it. Leave {option}.{key} out, "
+                "or change the data (its classes, channels or image size)"
+            )
