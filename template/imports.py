@@ -2,6 +2,7 @@
 ``my_module.py`` where you run, while a library's optional import (``tabulate``, ``tensorflow``) never finds a file
 of that name in a folder you happen to run in (a stranger's run directory, an unpacked archive)."""
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -9,6 +10,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from template.files import read_at_most
 
 CONFIG_FILE = re.compile(r"[^\s'\"=,:\[\]{}]+\.(?:ya?ml|json)\b")  # a file a --config option or a config names
 DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.[A-Za-z_]")  # my_module.F1Module: its first name
@@ -25,8 +28,8 @@ def named_modules(args: list[str]) -> set[str]:
         texts = []
         for file in named - read:
             read.add(file)
-            if file.is_file() and file.stat().st_size <= MAX_CONFIG_BYTES:
-                texts.append((file.parent, file.read_text(errors="replace")))
+            with contextlib.suppress(OSError, ValueError):  # none, no regular file, or too large: jsonargparse says
+                texts.append((file.parent, read_at_most(file, MAX_CONFIG_BYTES).decode(errors="replace")))
         args = [*args, *(text for _, text in texts)]
     return {name for text in args for name in DOTTED.findall(text)}
 
