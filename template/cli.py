@@ -13,30 +13,16 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from template import options
-from template.callbacks import (
-    NonFiniteGuard,
-    PredictionWriter,
-    ResumeState,
-    RunRecord,
-    TrainingMonitor,
-)
+from template.callbacks import NonFiniteGuard, PredictionWriter, ResumeState, RunRecord, TrainingMonitor
 from template.callbacks.run_record import run_directory
-from template.checkpoints import (
-    AtomicCheckpointIO,
-    load_pretrained,
-)
+from template.checkpoints import AtomicCheckpointIO, load_pretrained
 from template.compat import name_restore_errors, number_past_every_version
 from template.data import ImageDataModule
 from template.data.base import instantiate_data
 from template.module import ClassificationModule
 from template.nets.pretrained import head_name, pretrained
 from template.nets.shape import check_fits, check_given, network_arguments
-from template.options import (  # one name a line: a renamed project's longer package name fits
-    DEFAULT_CONFIG,
-    EXTRA_COMMANDS,
-    TRACEBACK_VARIABLE,
-    wants_traceback,
-)
+from template.options import DEFAULT_CONFIG, EXTRA_COMMANDS, TRACEBACK_VARIABLE, wants_traceback
 from template.plugins import SyncBatchNorm
 from template.restore import Restored, check_resumed_training, fit_data, for_command
 from template.runs import place_run

@@ -10,13 +10,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from template.checkpoints import CheckpointError
-from template.cli import (  # one name a line: a renamed project's longer package name fits
-    EXTRA_COMMANDS,
-    PROGRAM,
-    TRACEBACK_VARIABLE,
-    cli,
-    wants_traceback,
-)
+from template.cli import EXTRA_COMMANDS, PROGRAM, TRACEBACK_VARIABLE, cli, wants_traceback
 from template.imports import find_own_modules
 from template.text import printable
 

@@ -18,14 +18,7 @@ from template.compat import is_compiled
 from template.data_init import init_from_data
 from template.evaluation import multi_crop_logits
 from template.restore import load_module, register
-from template.schedule import (
-    Factory,
-    WarmupCosine,
-    build_optimizer,
-    build_scheduler,
-    interval_of,
-    parameter_groups,
-)
+from template.schedule import Factory, WarmupCosine, build_optimizer, build_scheduler, interval_of, parameter_groups
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 # Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.
