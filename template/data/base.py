@@ -24,13 +24,7 @@ from template.data.augment import (  # one name a line: a renamed project's long
     normalize,
     random_erasing,
 )
-from template.data.loaders import (  # one name a line: a renamed project's longer package name fits
-    ResumableSampler,
-    Split,
-    TensorImageDataset,
-    join,
-    keep_batch,
-)
+from template.data.loaders import ResumableSampler, Split, TensorImageDataset, join, keep_batch
 from template.data.preprocessing import check_preprocessing
 
 
@@ -347,11 +341,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
         state = {"preprocessing": self.preprocessing()} if len(self.mean) else {}
-        if self.train_sampler is not None:
-            state["train_sampler"] = {
-                "epoch": self.train_sampler.epoch,
-                "samples_consumed": self.train_sampler.consumed,
-            }
+        if (sampler := self.train_sampler) is not None:
+            state["train_sampler"] = {"epoch": sampler.epoch, "samples_consumed": sampler.consumed}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -414,8 +405,7 @@ def instantiate_data(config: Namespace) -> ImageDataModule:
     parser.add_subclass_arguments(ImageDataModule, "data")
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
     data = instantiate(parser.parse_object({"data": config.as_dict()})).data
-    if isinstance(data.hparams, dict):
-        data.hparams["_class_path"] = config.class_path
+    data.hparams["_class_path"] = config.class_path
     init_args = config.get("init_args") or Namespace()
     if "image_size" in init_args and init_args.image_size is None:
         height, width = data.image_size
