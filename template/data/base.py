@@ -251,7 +251,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
         if not (self.mean.isfinite().all() and self.std.isfinite().all()):
             raise ValueError(f"the training images hold NaN or infinite pixels: their mean is {self.mean.tolist()}")
-        # As a checkpoint's record is checked when it is read: statistics of 0-255 pixels refused now, not after training.
+        # As a checkpoint's record is checked when read: statistics of 0-255 pixels refused now, not after training.
         check_preprocessing(self.preprocessing(), f"{type(self).__name__}'s normalization (data.mean, data.std)")
 
     def preprocessing(self) -> dict:
@@ -308,7 +308,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
             shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; lower data.{option}"
+                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; "
+                f"lower data.{option}"
             )
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         sampler = None

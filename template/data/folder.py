@@ -258,8 +258,10 @@ class ImageFolderDataModule(ImageDataModule):
             lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
             if lost:
                 where = [f"{name} ({self.root / split / name})" for name in lost]
-                what = f"class(es) in {split}/ with no readable image left (skip_invalid); replace their files, or remove the folder to drop the class"
-                raise ValueError(describe(where, what))
+                what = f"class(es) in {split}/ with no readable image left (skip_invalid)"
+                raise ValueError(
+                    describe(where, f"{what}; replace their files, or remove the folder to drop the class")
+                )
         self._sources[split] = (files, labels, keep, images)
         return self._sources[split]
 
