@@ -19,14 +19,13 @@ def training_images(datamodule: L.LightningDataModule, count: int) -> torch.Tens
 
 def init_from_data(module: L.LightningModule) -> None:
     """Fit every layer of ``module.net`` that initialises from data and has not yet (a restored checkpoint's has)."""
-    fittable = [m for m in module.net.modules() if callable(getattr(m, "fit", None)) and hasattr(m, "fitted")]
-    layers = [m for m in fittable if not m.fitted]
+    layers = [m for m in module.net.modules() if callable(getattr(m, "fit", None)) and not getattr(m, "fitted", True)]
     if not layers:
         return
     trainer = module.trainer
     states = None
     if trainer.is_global_zero:
-        if getattr(trainer, "datamodule", None) is None or "train" not in getattr(trainer.datamodule, "datasets", {}):
+        if "train" not in getattr(trainer.datamodule, "datasets", {}):  # no DataModule, or not an ImageDataModule
             raise ValueError(
                 f"{type(layers[0]).__name__} computes its weights from the training images of an ImageDataModule "
                 "(template.data); this fit has none: train with one, or load weights that were fitted already"

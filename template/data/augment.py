@@ -24,7 +24,6 @@ from torchvision.transforms.v2 import functional as TF
 Policy = Literal["trivialaugment", "randaugment"]
 Flip = bool | Literal["alternate"]  # "alternate": each image on alternate epochs (ResumableSampler.alternating_flips)
 POLICIES = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
-GROUPS = 16  # random draws per batch of the v2 transforms: see per_group
 RATIO = (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop aspect ratios
 TRIES = 10  # torchvision's draws of a crop box before it falls back to the centre
 
@@ -123,10 +122,10 @@ def random_resized_crop(
     return (resize_each if images.device.type == "cpu" else resize_batch)(images, boxes, size)
 
 
-def per_group(transform: v2.Transform, images: torch.Tensor, groups: int = GROUPS) -> torch.Tensor:
-    """``transform`` on ``groups`` slices of the batch, each with its own draws: a v2 transform draws once a
-    call. 16 groups cover TrivialAugment's 14 operations at a few calls a batch."""
-    size = -(-len(images) // groups)  # ceil: no empty group
+def per_group(transform: v2.Transform, images: torch.Tensor) -> torch.Tensor:
+    """``transform`` on 16 slices of the batch, each with its own draws: a v2 transform draws once a call.
+    16 groups cover TrivialAugment's 14 operations at a few calls a batch."""
+    size = -(-len(images) // 16)  # ceil: no empty group
     return torch.cat([transform(group) for group in images.split(size)])
 
 

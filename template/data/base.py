@@ -24,13 +24,7 @@ from template.data.augment import (  # one name a line: a renamed project's long
     normalize,
     random_erasing,
 )
-from template.data.loaders import (  # one name a line: a renamed project's longer package name fits
-    ResumableSampler,
-    Split,
-    TensorImageDataset,
-    join,
-    keep_batch,
-)
+from template.data.loaders import ResumableSampler, Split, TensorImageDataset, join, keep_batch
 from template.data.preprocessing import check_preprocessing
 
 
@@ -257,7 +251,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.mean, self.std = (torch.as_tensor(stat, dtype=torch.float32) for stat in self.normalization())
         if not (self.mean.isfinite().all() and self.std.isfinite().all()):
             raise ValueError(f"the training images hold NaN or infinite pixels: their mean is {self.mean.tolist()}")
-        # As a checkpoint's record is checked when it is read: statistics of 0-255 pixels refused now, not after training.
+        # As a checkpoint's record is checked when read: statistics of 0-255 pixels refused now, not after training.
         check_preprocessing(self.preprocessing(), f"{type(self).__name__}'s normalization (data.mean, data.std)")
 
     def preprocessing(self) -> dict:
@@ -314,7 +308,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
             shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; lower data.{option}"
+                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; "
+                f"lower data.{option}"
             )
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         sampler = None
@@ -347,11 +342,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
         state = {"preprocessing": self.preprocessing()} if len(self.mean) else {}
-        if self.train_sampler is not None:
-            state["train_sampler"] = {
-                "epoch": self.train_sampler.epoch,
-                "samples_consumed": self.train_sampler.consumed,
-            }
+        if (sampler := self.train_sampler) is not None:
+            state["train_sampler"] = {"epoch": sampler.epoch, "samples_consumed": sampler.consumed}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -414,8 +406,7 @@ def instantiate_data(config: Namespace) -> ImageDataModule:
     parser.add_subclass_arguments(ImageDataModule, "data")
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49
     data = instantiate(parser.parse_object({"data": config.as_dict()})).data
-    if isinstance(data.hparams, dict):
-        data.hparams["_class_path"] = config.class_path
+    data.hparams["_class_path"] = config.class_path
     init_args = config.get("init_args") or Namespace()
     if "image_size" in init_args and init_args.image_size is None:
         height, width = data.image_size

@@ -21,8 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from template.data.images import open_image
 from template.files import read_at_most, replaced_atomically, write_atomic
 
-CACHE_VERSION = 4  # 2: open_image (EXIF orientation, 16-bit scaling), a payload checksum; 3: JPEG draft decoding;
-# 4: the checksum keyed with this user's cache_key, over the record's values too
+CACHE_VERSION = 4  # raised whenever what a cache holds or how it is checked changes: older caches are rebuilt
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
 # The most a JSON record may take, read whole: its shape and checksum, then each file's path, which comes again in
 # the reason the file is unreadable. A path is at most 4,096 bytes (Linux's PATH_MAX), up to three times that in
@@ -127,9 +126,8 @@ def decode_all(
 
 def read_record(path: Path, files: int) -> dict:
     """A JSON record of the cache of ``files`` files; ValueError names the file when it is not one."""
-    limit = RECORD_BYTES + files * RECORD_BYTES_PER_FILE
     try:
-        record = json.loads(read_at_most(path, limit))  # the limit: a record of ``files`` files
+        record = json.loads(read_at_most(path, RECORD_BYTES + files * RECORD_BYTES_PER_FILE))
     except (OSError, ValueError, RecursionError) as error:  # a missing file, a cut-off write, not text, too deep
         raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from error
     if not isinstance(record, dict):

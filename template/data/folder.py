@@ -10,12 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
 from template.data.augment import Flip, channel_stats
-from template.data.base import (  # one name a line: a renamed project's longer package name fits
-    ImageDataModule,
-    Split,
-    image_size_pair,
-    stratified_split,
-)
+from template.data.base import ImageDataModule, Split, image_size_pair, stratified_split
 from template.data.cache import CacheTooLarge, CacheUnavailable, decode, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
@@ -174,13 +169,6 @@ class ImageFolderDataModule(ImageDataModule):
     def has_test(self) -> bool:
         return "test" in self.folders or self.test_fraction > 0
 
-    def _held_out(self) -> dict[str, float]:
-        """{split: fraction} of the splits held out of train/: val without val/, test without test/."""
-        fractions = {"val": self.val_fraction} if "val" not in self.folders else {}
-        if "test" not in self.folders and self.test_fraction > 0:
-            fractions["test"] = self.test_fraction
-        return fractions
-
     def _scan(self, classes: list[str] | None) -> dict[str, dict[str, list[Path]]]:
         """Check the layout before anything is decoded, naming every problem; no train/ needs given classes."""
         if classes is not None and (len(set(classes)) != len(classes) or len(classes) < 2):
@@ -270,8 +258,10 @@ class ImageFolderDataModule(ImageDataModule):
             lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
             if lost:
                 where = [f"{name} ({self.root / split / name})" for name in lost]
-                what = f"class(es) in {split}/ with no readable image left (skip_invalid); replace their files, or remove the folder to drop the class"
-                raise ValueError(describe(where, what))
+                what = f"class(es) in {split}/ with no readable image left (skip_invalid)"
+                raise ValueError(
+                    describe(where, f"{what}; replace their files, or remove the folder to drop the class")
+                )
         self._sources[split] = (files, labels, keep, images)
         return self._sources[split]
 
@@ -309,7 +299,9 @@ class ImageFolderDataModule(ImageDataModule):
 
     def load_split(self, split: str) -> Split:
         """uint8 images (cached path) or None (streaming), and labels; records the files used."""
-        held_out = self._held_out()
+        held_out = {"val": self.val_fraction} if "val" not in self.folders else {}
+        if "test" not in self.folders and self.test_fraction > 0:
+            held_out["test"] = self.test_fraction
         source = "train" if split in held_out else split
         files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for

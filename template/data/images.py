@@ -5,7 +5,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-SIXTEEN_BIT_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N"}
 # What Pillow may read a file as, told by its bytes whatever its name: raster formats it decodes itself. Not EPS,
 # whose loader runs Ghostscript on the file's PostScript.
 FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "ICO", "JPEG2000", "AVIF")  # (MPO: JPEG's)
@@ -32,6 +31,6 @@ def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
         ImageOps.exif_transpose(image, in_place=True)
         if image.mode == "F" or (image.mode == "I" and np.asarray(image).max(initial=0) > 65535):
             raise ValueError(f"{image.mode} pixels of no 8- or 16-bit range (float or 32-bit): save it as 8 or 16 bits")
-        if image.mode in SIXTEEN_BIT_MODES:  # keep the top 8 of the 16 bits
+        if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):  # keep the top 8 of the 16 bits
             image = Image.fromarray(np.clip(np.asarray(image) >> 8, 0, 255).astype(np.uint8))
         return image.convert(mode)

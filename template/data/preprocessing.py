@@ -71,10 +71,9 @@ def check_preprocessing(record: Any, source: str) -> dict:
             f"{source}: preprocessing resize_size must be two integers (H, W) at least the input's {shape[1:]}, "
             f"at most {MAX_RESIZE_RATIO} times it and {MAX_PIXELS:,} pixels, not {resize_size!r}"
         )
-    if record.get("interpolation", "bilinear") not in INTERPOLATIONS:
-        raise ValueError(
-            f"{source}: preprocessing interpolation {record['interpolation']!r} is none of {INTERPOLATIONS}"
-        )
+    interpolation = record.get("interpolation", "bilinear")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"{source}: preprocessing interpolation {interpolation!r} is none of {INTERPOLATIONS}")
     if record["resize"] == "none" and list(resize_size) != list(shape[1:]):
         raise ValueError(f"{source}: preprocessing resize 'none' needs resize_size {shape[1:]}, not {resize_size!r}")
     for key, (least, most) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
@@ -92,7 +91,7 @@ def check_preprocessing(record: Any, source: str) -> dict:
         "input_shape": list(shape),
         "resize": record["resize"],
         "resize_size": list(resize_size),
-        "interpolation": record.get("interpolation", "bilinear"),
+        "interpolation": interpolation,
         "mean": [float(v) for v in record["mean"]],
         "std": [float(v) for v in record["std"]],
     }
