@@ -193,7 +193,7 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor
             counts = torch.stack([torch.bincount(channel.reshape(-1), minlength=256) for channel in block.unbind(1)])
             sums += torch.stack([counts.double() @ values, counts.double() @ values.square()])
         else:
-            block = block.double().div_(255)
+            block = block.double()  # floats in [0, 1], as normalize takes them
             sums += torch.stack([block.sum(dim=(0, 2, 3)), block.square().sum(dim=(0, 2, 3))])
     mean, square = sums / (images.shape[0] * images.shape[2] * images.shape[3])
     std = (square - mean.square()).clamp_min(1e-12).sqrt()

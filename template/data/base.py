@@ -189,7 +189,14 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     def make_dataset(self, split: str) -> Dataset:
         """The dataset of one split; by default the in-memory uint8 images of ``load_split``."""
-        return TensorImageDataset(*self.load_split(split))
+        images, labels = self.load_split(split)
+        if images.dtype != torch.uint8 or images.ndim != 4:  # floats would be normalised as if 0-255: silently wrong
+            raise ValueError(
+                f"{type(self).__name__}.load_split({split!r}) gave images of {images.dtype}, shape "
+                f"{tuple(images.shape)}: it returns uint8 images (N, C, H, W) of 0-255 (floats in [0, 1]: "
+                "(images * 255).round().to(torch.uint8))"
+            )
+        return TensorImageDataset(images, labels)
 
     def loader_workers(self, dataset: Dataset) -> int:
         """DataLoader worker processes for ``dataset``."""

@@ -165,6 +165,6 @@ def test_channel_stats_are_the_exact_mean_and_std_of_each_channel():
     torch.testing.assert_close(mean, pixels.mean(dim=1).float())
     torch.testing.assert_close(std[[0, 2]], pixels[[0, 2]].std(dim=1, correction=0).float())
     assert std[1] == 1e-6
-    float_mean, float_std = channel_stats(batch.float())  # not uint8: summed instead, the same answer
+    float_mean, float_std = channel_stats(batch.float() / 255)  # [0, 1] floats, as normalize takes them: summed
     torch.testing.assert_close(float_mean, mean)
     torch.testing.assert_close(float_std, std)

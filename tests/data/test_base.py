@@ -102,3 +102,20 @@ def test_a_source_has_a_test_split_unless_it_says_otherwise():
         has_test = False
 
     assert Squares().has_test and not NoTest().has_test
+
+
+@pytest.mark.parametrize(
+    "convert, given",
+    [(lambda images: images.float() / 255, "torch.float32"), (lambda images: images[:, 0], "torch.uint8, shape (100,")],
+)
+def test_images_other_than_uint8_n_c_h_w_from_load_split_are_refused_naming_it(convert, given):
+    """Floats in [0, 1] would get statistics 255 times too small and train on inputs in the hundreds, silently."""
+
+    class Floats(Squares):
+        def load_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+            images, labels = super().load_split(split)
+            return convert(images), labels
+
+    with pytest.raises(ValueError, match=rf"Floats.load_split\('train'\) gave images of {re.escape(given)}") as error:
+        Floats().setup("fit")
+    assert "uint8 images (N, C, H, W)" in str(error.value) and ".round().to(torch.uint8)" in str(error.value)

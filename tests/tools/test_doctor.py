@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from template.commands import main
 from template.data import DigitsDataModule, ImageFolderDataModule
+from template.data.loaders import TensorImageDataset
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
 from template.tools import doctor
@@ -54,12 +55,18 @@ class InPlaceNet(SoftmaxNet):
         return hidden
 
 
-class NaNPixels(DigitsDataModule):
+class FloatPixels(DigitsDataModule):
     def load_split(self, split):
+        images, labels = super().load_split(split)
+        return images.float() / 255, labels  # floats in [0, 1]: normalised as if 0-255, silently
+
+
+class NaNPixels(DigitsDataModule):
+    def make_dataset(self, split):  # a dataset of its own: past load_split's check
         images, labels = super().load_split(split)
         images = images.float()
         images[::50, :, 2, 3] = float("nan")  # a corrupt pixel in one image of every fifty
-        return images, labels
+        return TensorImageDataset(images, labels)
 
 
 class LabelEqualToNumClasses(DigitsDataModule):
@@ -129,10 +136,20 @@ def test_the_default_config_passes_every_check(capsys):
         (UnusedBranchNet(), None, "gradients", "auxiliary.weight"),
         (InPlaceNet(), None, "backward", "inplace"),
         (None, NaNPixels(), "fit splits", "NaN or infinite pixels"),  # its statistics, before any batch
+        (None, FloatPixels(), "fit splits", "gave images of torch.float32"),
         (None, LabelEqualToNumClasses(), "labels", "outside [0, 10), e.g. 10"),
         (None, DuplicatedTestImage(), "train/test overlap", "2 test image(s) also in train: test["),
     ],
-    ids=["plain-list", "softmax", "unused-branch", "in-place", "nan-pixels", "label-range", "test-in-train"],
+    ids=[
+        "plain-list",
+        "softmax",
+        "unused-branch",
+        "in-place",
+        "nan-pixels",
+        "float-pixels",
+        "label-range",
+        "test-in-train",
+    ],
 )
 def test_a_planted_bug_fails_its_check_and_names_it(net, data, check, says):
     found = checks(net, data)
