@@ -1,1 +1,1 @@
-"""Commands beside training (doctor, lr-find, export); the training core never imports them."""
+"""Commands beside training (doctor, lr-find, export, sweep, cv); the training core never imports them."""

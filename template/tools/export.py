@@ -31,11 +31,11 @@ from template.runs import DEFAULT_RUNS_DIR
 from template.text import printable
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
+# The exported network as read back from its file, and the metadata the file carries.
+Exported = tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]
 
 
-def export_safetensors(
-    net: nn.Module, path: Path, spec: dict, input_shape: list[int], metadata: dict[str, str]
-) -> tuple[nn.Module, dict[str, str]]:
+def export_safetensors(net: nn.Module, path: Path, spec: dict, input_shape: list, metadata: dict[str, str]) -> Exported:
     from safetensors import safe_open
     from safetensors.torch import load_file, save
 
@@ -50,9 +50,7 @@ def export_safetensors(
         return fresh, file.metadata()
 
 
-def export_torchscript(
-    net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]
-) -> tuple[nn.Module, dict[str, str]]:
+def export_torchscript(net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]) -> Exported:
     files = {f"{key}.json": value for key, value in metadata.items()}
     torch.jit.save(torch.jit.trace(net, example), str(path), _extra_files=files)
     carried = dict.fromkeys(files, "")  # torch.jit.load fills in the contents (bytes) of the files named
@@ -60,9 +58,7 @@ def export_torchscript(
     return loaded, {name.removesuffix(".json"): value.decode() for name, value in carried.items()}
 
 
-def export_onnx(
-    net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]
-) -> tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, str]]:
+def export_onnx(net: nn.Module, path: Path, example: torch.Tensor, metadata: dict[str, str]) -> Exported:
     try:
         import onnx
         import onnxruntime
@@ -128,7 +124,6 @@ def export(
         )
     else:
         metadata["preprocessing"] = json.dumps(preprocessing)
-    path.parent.mkdir(parents=True, exist_ok=True)
     example = torch.randn(2, *hparams["input_shape"])
     with replaced_atomically(path) as written:  # checked before it takes the name: a failed export leaves no file
         if fmt == "safetensors":

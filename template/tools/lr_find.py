@@ -45,9 +45,7 @@ def main(args: list[str]) -> None:
     run_dir = Path(built.trainer.log_dir or ".")
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "lr_find.csv", "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["lr", "loss"])
-        writer.writerows(zip(finder.results["lr"], finder.results["loss"]))
+        csv.writer(file).writerows([("lr", "loss"), *zip(finder.results["lr"], finder.results["loss"])])
     finder.plot(suggest=True).savefig(run_dir / "lr_find.png", dpi=120)
     suggestion = finder.suggestion()
     console = Console(soft_wrap=True)

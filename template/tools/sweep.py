@@ -256,14 +256,12 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         run_dir = str(out_dir / f"trial_{trial.number:03d}")
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, run_dir])
     # The parameters' names and values are the database's word: in the CSV, neither a formula nor an escape sequence.
-    header = ["trial", "state", monitor, *names, "run_dir"]
     safe = [
         [cell if isinstance(cell, int | float) else spreadsheet_safe(shown(cell, markup=False)) for cell in row]
-        for row in [header, *rows]
+        for row in [["trial", "state", monitor, *names, "run_dir"], *rows]
     ]
     text = io.StringIO()
     csv.writer(text).writerows(safe)
-    out_dir.mkdir(parents=True, exist_ok=True)  # a study whose trials all ran on other machines has none here
     write_atomic(out_dir / "trials.csv", text.getvalue())
     short = [name.rpartition(".")[2] for name in names]  # lr, batch_size: the table fits a terminal
     columns = short if len(set(short)) == len(short) else names
