@@ -75,11 +75,10 @@ class Lookahead(Optimizer):
         self.steps += 1
         update = self.steps % self.k == 0
         if update or self.steps == self.total_steps:  # the run ends on the slow weights, as Zhang et al. evaluate
-            alpha = self.alpha_at(self.steps)
             pairs = [(self.state[p]["slow"], p) for group in self.param_groups for p in group["params"]]
             for slow, fast in pairs + list(zip(self.slow_buffers, self.buffers)):
                 if update:
-                    slow.lerp_(fast, alpha)
+                    slow.lerp_(fast, self.alpha_at(self.steps))
                 fast.copy_(slow)
         return loss
 

@@ -63,8 +63,7 @@ def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
         if flag != "--config" or (skip is not None and value == str(skip)):
             continue
         try:
-            text = Path(value).read_text() if len(value) < 4096 and Path(value).is_file() else value
-            loaded = yaml.safe_load(text)
+            loaded = yaml.safe_load(Path(value).read_text() if len(value) < 4096 and Path(value).is_file() else value)
         except (OSError, yaml.YAMLError):
             continue
         configs.append(loaded if isinstance(loaded, dict) else {})

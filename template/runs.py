@@ -26,9 +26,7 @@ def loggers_of(config: Namespace | dict) -> list:
 def runs_dir(config: Namespace | dict) -> str:
     """Where the configured TensorBoard logger writes its runs."""
     logger = loggers_of(config)[0]
-    if is_tensorboard(logger):
-        return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR)
-    return DEFAULT_RUNS_DIR
+    return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR) if is_tensorboard(logger) else DEFAULT_RUNS_DIR
 
 
 def place_run(

@@ -2,7 +2,6 @@
 plan held to the run's length, the parameter groups and the optimizer built from them."""
 
 import functools
-import inspect
 import math
 import pkgutil
 from collections.abc import Callable, Iterable
@@ -14,6 +13,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CyclicLR, LRScheduler
 
 from template.compat import batches_done_in_epoch
+from template.nets.shape import takes
 
 
 class Factory(functools.partial):
@@ -79,9 +79,8 @@ class WarmupCosine(LRScheduler):
         return [base_lr * self.lr_factor(self.last_epoch) for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the schedule as it stood. A run resumed with another length (max_epochs, max_steps, or optimizer
-        steps an epoch: batch size, accumulation, images) is re-planned by ``replan`` as training starts, once
-        the run's remaining length is known: the new total from the step it stands at."""
+        """Restore the schedule as it stood; a run resumed with another length (max_epochs, max_steps, batch size,
+        accumulation, images) is re-planned by ``replan`` as training starts, from the step it stands at."""
         super().load_state_dict(state_dict)
         self.resumed = True
 
@@ -127,11 +126,7 @@ def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_ste
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
         cls, given = getattr(make, "func", make), getattr(make, "keywords", {})
-    try:
-        takes_total = isinstance(cls, type) and "total_steps" in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        takes_total = False
-    if takes_total and given.get("total_steps") is None:
+    if isinstance(cls, type) and takes(cls, "total_steps") and given.get("total_steps") is None:
         built = make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
         built.planned_over_run = True  # the run's length, not the user's: a resume of another length re-plans it
         return built

@@ -23,9 +23,7 @@ class FreezeBackbone(BaseFinetuning):
                 f"unfreeze_at_epoch must be >= 0 and backbone_lr_ratio in (0, 1], not {unfreeze_at_epoch} and "
                 f"{backbone_lr_ratio}"
             )
-        self.unfreeze_at_epoch = unfreeze_at_epoch
-        self.backbone_lr_ratio = backbone_lr_ratio
-        self.train_bn = train_bn
+        self.unfreeze_at_epoch, self.backbone_lr_ratio, self.train_bn = unfreeze_at_epoch, backbone_lr_ratio, train_bn
 
     def freeze_before_training(self, pl_module: L.LightningModule) -> None:
         if self.unfreeze_at_epoch > 0:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
-REDRAW_RATE = 20  # how often Rich's thread looks for an update to draw (Lightning's default is 100)
+REDRAW_RATE = 20  # how often Rich's thread looks for an update to draw, a second
 
 
 class ThrottledProgressBar(RichProgressBar):

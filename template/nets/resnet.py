@@ -73,10 +73,8 @@ class ResNet(nn.Module):
         self.stages = nn.ModuleList()
         channels = stem_width
         for index, (width, blocks) in enumerate(zip(widths, blocks_per_stage)):
-            stride = 1 if index == 0 else 2
-            stage = [BasicBlock(channels, width, stride)]
-            stage += [BasicBlock(width, width) for _ in range(blocks - 1)]
-            self.stages.append(nn.Sequential(*stage))
+            first = BasicBlock(channels, width, stride=1 if index == 0 else 2)
+            self.stages.append(nn.Sequential(first, *(BasicBlock(width, width) for _ in range(blocks - 1))))
             channels = width
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(channels, num_classes)
