@@ -214,7 +214,7 @@ def test_the_modules_a_command_names_are_found_in_its_configs_and_the_configs_th
         (["--model.class_names", "[a, b]"], "model.class_names=['a', 'b'], but the data gives ['0', '1'"),
         (["--model.net.num_classes", "5"], "model.net.num_classes=5, but the data gives 10"),
         (["--model.net.in_channels", "4"], "model.net.in_channels=4, but the data gives 1"),
-        (["--model.net", "torchvision.models.resnet18", "--model.net.num_classes", "1000"], "gives 10"),
+        (["--model.net", "torchvision.models.resnet18", "--model.net.num_classes", "5"], "=5, but the data gives 10"),
     ],
 )
 def test_a_size_the_data_decides_is_not_replaced_without_a_word_when_given_otherwise(tmp_path, capsys, options, named):

@@ -9,6 +9,7 @@ output does not fit the data is an error before training that names both.
 import contextlib
 import inspect
 import pkgutil
+import typing
 from typing import Any
 
 import torch
@@ -64,8 +65,12 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
 def check_given(target: Any, given: dict, data: dict, option: str) -> None:
     """Refuse a value of ``given`` other than its default that contradicts the one the data decides (``data``): it
     would be replaced without a word, and the run would not be the one asked for."""
-    defaults = {}
-    for function in [c.__init__ for c in target.__mro__] if isinstance(target, type) else [target]:
+    defaults, made = {}, target
+    if not isinstance(target, type):  # a builder's **kwargs reach the class it returns (resnet18: ResNet)
+        with contextlib.suppress(Exception):
+            made = typing.get_type_hints(target).get("return")
+    inits = [c.__init__ for c in made.__mro__] if isinstance(made, type) else []
+    for function in [target, *inits]:
         with contextlib.suppress(TypeError, ValueError):
             for parameter in inspect.signature(function).parameters.values():
                 defaults.setdefault(parameter.name, None if parameter.default is parameter.empty else parameter.default)
