@@ -97,6 +97,13 @@ def test_finetuning_loads_cached_weights_replaces_the_head_and_unfreezes_on_sche
     assert groups["backbone_no_decay"]["weight_decay"] == 0.0
     assert not torch.equal(second.model.net.conv1.weight, hub_cache["conv1.weight"])
 
+    # Resumed past it (epoch 2): the restart freezes the backbone at setup, and it is unfrozen again, not left out.
+    before = second.model.net.conv1.weight.detach().clone()
+    third = run_cli("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last")
+    assert len(third.trainer.optimizers[0].param_groups) == 4
+    assert all(parameter.requires_grad for parameter in third.model.net.parameters())
+    assert not torch.equal(third.model.net.conv1.weight, before)
+
     # The checkpoint and the images to evaluate: the pretrained file is not needed any more.
     shutil.rmtree(tmp_path / "torch")
     assert "test/acc" in run_cli("test", "--ckpt_path", "last", "--data.root", str(images)).trainer.callback_metrics
@@ -195,3 +202,21 @@ def test_pretrained_weights_set_the_image_size_unless_it_is_given(tmp_path, monk
         built = cli([*configs, *extra], run=False)
         assert built.datamodule.image_size == (size, size)
         assert built.config.data.init_args.image_size == size  # config.yaml records the size used
+
+
+def test_unfreezing_leaves_the_networks_own_fixed_parameters_fixed():
+    from types import SimpleNamespace
+
+    from template.callbacks.finetune import FreezeBackbone
+    from template.nets.layers import WhiteningConv
+
+    net = torch.nn.Sequential(WhiteningConv(1), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    net(torch.zeros(1, 1, 4, 4))
+    freezing, module = FreezeBackbone(unfreeze_at_epoch=1), SimpleNamespace(net=net)
+    freezing.freeze_before_training(module)
+    assert not any(parameter.requires_grad for parameter in net[0].parameters())
+    optimizer = torch.optim.SGD(net[2].parameters(), lr=0.1)
+    freezing.finetune_function(module, 1, optimizer)
+    assert net[0].bias.requires_grad and not net[0].weight.requires_grad  # computed, never learned
+    optimized = [id(parameter) for group in optimizer.param_groups for parameter in group["params"]]
+    assert id(net[0].bias) in optimized and id(net[0].weight) not in optimized

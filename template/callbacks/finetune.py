@@ -26,14 +26,19 @@ class FreezeBackbone(BaseFinetuning):
         self.unfreeze_at_epoch, self.backbone_lr_ratio, self.train_bn = unfreeze_at_epoch, backbone_lr_ratio, train_bn
 
     def freeze_before_training(self, pl_module: L.LightningModule) -> None:
+        # The network's own fixed parameters (a whitening stem's filters) stay fixed once the backbone unfreezes.
+        self.fixed = [parameter for parameter in pl_module.net.parameters() if not parameter.requires_grad]
         if self.unfreeze_at_epoch > 0:
             self.freeze(backbone_of(pl_module.net), train_bn=self.train_bn)
 
     def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: Optimizer) -> None:
-        if epoch != self.unfreeze_at_epoch or self.unfreeze_at_epoch == 0:
+        # Every epoch from then on: a run resumed past it is frozen again by setup, its groups restored.
+        if epoch < self.unfreeze_at_epoch or self.unfreeze_at_epoch == 0:
             return
         backbone = nn.ModuleList(backbone_of(pl_module.net))
         self.make_trainable(backbone)
+        for parameter in self.fixed:
+            parameter.requires_grad_(False)
         if {id(p) for p in backbone.parameters()} <= {id(p) for g in optimizer.param_groups for p in g["params"]}:
             return  # already in the optimizer's groups (model.layer_decay's): trainable now, at their own rates
         ratio, head = self.backbone_lr_ratio, optimizer.param_groups[0]
