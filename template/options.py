@@ -29,6 +29,7 @@ WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|D
                              r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
 # The recipe's classes whose recipe values are theirs alone (the AdamW weight decay is not SGD's).
 SWITCHABLE = ("optimizer", "lr_scheduler", "net")
+HIGHER = re.compile("acc|f1|auc|precision|recall|iou|map|dice|score")  # metrics a checkpoint maximises by name
 
 
 def condense(message: str) -> str:
@@ -58,8 +59,8 @@ def names_checkpoint(args: list[str]) -> bool:
 
 def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
     """The configurations (files, or YAML text) that --config options give, ``skip`` left out."""
-    configs = []
-    for flag, value in zip(args, args[1:]):
+    configs, pairs = [], [token.split("=", 1) for token in args if token.startswith("--config=")]
+    for flag, value in [*zip(args, args[1:]), *pairs]:  # --config FILE, --config=FILE
         if flag != "--config" or (skip is not None and value == str(skip)):
             continue
         try:
@@ -100,8 +101,10 @@ def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
 
 def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -> None:
     """A recipe class switched for another (``--model.optimizer torch.optim.SGD``) takes the arguments the user
-    gives and its own defaults, not the recipe's values for the class it replaces."""
-    recipe_model = ((yaml.safe_load(recipe.read_text()) or {}).get("model") or {}).get("init_args") or {}
+    gives and its own defaults, not the recipe's values for the class it replaces; another checkpoint.monitor, the
+    mode its name says, unless one is given."""
+    recipe_config = yaml.safe_load(recipe.read_text()) or {}
+    recipe_model = (recipe_config.get("model") or {}).get("init_args") or {}
     model = config.model.init_args
     for name in SWITCHABLE:
         chosen, default = model.get(name), recipe_model.get(name) or {}
@@ -111,6 +114,17 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
         for key, value in (default.get("init_args") or {}).items():
             if key not in given and key in (chosen.get("init_args") or {}) and chosen.init_args[key] == value:
                 chosen.init_args[key] = own.parameters[key].default
+    # The recipe's mode is its monitor's (val/acc: max): another metric without a mode would keep the worst epoch.
+    checkpoint, monitor = config.get("checkpoint"), (config.get("checkpoint") or {}).get("monitor")
+    mode_given = any(token.split("=")[0] == "--checkpoint.mode" for token in args)
+    mode_given |= any("mode" in (each.get("checkpoint") or {}) for each in given_configs(args, skip=recipe))
+    if monitor not in (None, (recipe_config.get("checkpoint") or {}).get("monitor")) and not mode_given:
+        better = "min" if re.search("loss|err", monitor) else "max" if HIGHER.search(monitor) else None
+        if better is None:
+            raise ValueError(
+                f"checkpoint.monitor={monitor}: is a higher or a lower value better? Say it: --checkpoint.mode max|min"
+            )
+        checkpoint.mode = better
 
 
 # Lightning's "💡 Tip" lines advertise its other products: not what a run reports.

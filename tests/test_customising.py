@@ -16,6 +16,7 @@ from conftest import tiny_args, write_image_folder
 from template.cli import cli
 from template.commands import main
 from template.data import DigitsDataModule, ImageFolderDataModule
+from template.options import names_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
@@ -32,6 +33,16 @@ def test_switching_the_optimizer_starts_from_its_own_defaults_plus_what_is_given
     assert built("--model.optimizer.weight_decay", "0.05").defaults["weight_decay"] == 0.05  # given: kept
     (tmp_path / "sgd.yaml").write_text("model:\n  optimizer:\n    init_args:\n      weight_decay: 0.05\n")
     assert built("--config", str(tmp_path / "sgd.yaml")).defaults["weight_decay"] == 0.05
+    (tmp_path / "own.yaml").write_text(
+        "model:\n  optimizer:\n    class_path: torch.optim.SGD\n    init_args: {lr: 0.003, weight_decay: 0.05}\n"
+    )
+    for given in (["--config", str(tmp_path / "own.yaml")], [f"--config={tmp_path / 'own.yaml'}"]):  # either form
+        chosen = cli([*tiny_args(tmp_path / "runs"), *given], run=False).model.optimizer(
+            [torch.nn.Parameter(torch.zeros(1))]
+        )
+        assert (chosen.defaults["lr"], chosen.defaults["weight_decay"]) == (0.003, 0.05), given
+    (tmp_path / "evaluate.yaml").write_text("ckpt_path: best\n")
+    assert names_checkpoint(["validate", f"--config={tmp_path / 'evaluate.yaml'}"])
     with pytest.raises(SystemExit):  # what --print_config shows (and sweep's best.yaml holds) is what runs
         cli(["fit", *args, "--print_config"])
     assert "weight_decay: 0\n" in capsys.readouterr().out
@@ -223,3 +234,22 @@ def test_a_size_the_data_decides_is_not_replaced_without_a_word_when_given_other
     assert exit_info.value.code == 1 and named in capsys.readouterr().err
     given_as_the_data_says = cli([*tiny_args(tmp_path / "runs"), "--model.net.num_classes", "10"], run=False)
     assert given_as_the_data_says.model.net.head.out_features == 10
+
+
+def test_another_monitored_metric_is_kept_at_its_best_not_at_the_recipes_maximum(tmp_path, capsys):
+    def mode(*options: str) -> str:
+        built = cli([*tiny_args(tmp_path / "runs"), *options], run=False)
+        return next(
+            c.mode for c in built.trainer.callbacks if getattr(c, "monitor", None) == built.config.checkpoint.monitor
+        )
+
+    assert mode() == "max"  # the recipe's val/acc
+    assert mode("--checkpoint.monitor", "val/loss") == "min"  # not the recipe's max: that kept the worst epoch
+    assert mode("--checkpoint.monitor=val/loss", "--checkpoint.mode", "max") == "max"  # given: as given
+    (tmp_path / "monitor.yaml").write_text("checkpoint:\n  monitor: val/loss\n  mode: max\n")
+    assert mode("--config", str(tmp_path / "monitor.yaml")) == "max"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args(tmp_path / "runs"), "--checkpoint.monitor", "val/kappa"])
+    assert (
+        exit_info.value.code == 1 and "checkpoint.monitor=val/kappa: is a higher or a lower" in capsys.readouterr().err
+    )
