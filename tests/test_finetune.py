@@ -212,7 +212,8 @@ def test_unfreezing_leaves_the_networks_own_fixed_parameters_fixed():
 
     net = torch.nn.Sequential(WhiteningConv(1), torch.nn.Flatten(), torch.nn.LazyLinear(2))
     net(torch.zeros(1, 1, 4, 4))
-    freezing, module = FreezeBackbone(unfreeze_at_epoch=1), SimpleNamespace(net=net)
+    trainer = SimpleNamespace(lr_scheduler_configs=[])
+    freezing, module = FreezeBackbone(unfreeze_at_epoch=1), SimpleNamespace(net=net, trainer=trainer)
     freezing.freeze_before_training(module)
     assert not any(parameter.requires_grad for parameter in net[0].parameters())
     optimizer = torch.optim.SGD(net[2].parameters(), lr=0.1)
@@ -220,3 +221,34 @@ def test_unfreezing_leaves_the_networks_own_fixed_parameters_fixed():
     assert net[0].bias.requires_grad and not net[0].weight.requires_grad  # computed, never learned
     optimized = [id(parameter) for group in optimizer.param_groups for parameter in group["params"]]
     assert id(net[0].bias) in optimized and id(net[0].weight) not in optimized
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10),
+        lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10),
+        lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0),
+        lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9**step),
+    ],
+    ids=["cosine", "one-cycle", "plateau", "lambda"],
+)
+def test_the_unfrozen_backbone_follows_the_heads_schedule_at_its_ratio(schedule):
+    """torch's schedules keep per-group values of the groups they began with: the backbone's would stay unscheduled
+    (CosineAnnealingLR), or fail (OneCycleLR's max_lr, LambdaLR's lr_lambdas)."""
+    from types import SimpleNamespace
+
+    from template.callbacks.finetune import FreezeBackbone
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(net[2].parameters(), lr=0.1, momentum=0.9)
+    scheduler = schedule(optimizer)
+    trainer = SimpleNamespace(lr_scheduler_configs=[SimpleNamespace(scheduler=scheduler)])
+    freezing, module = FreezeBackbone(unfreeze_at_epoch=1), SimpleNamespace(net=net, trainer=trainer)
+    freezing.freeze_before_training(module)
+    freezing.finetune_function(module, 1, optimizer)
+    for _ in range(4):
+        optimizer.step()
+        scheduler.step(1.0) if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) else scheduler.step()
+    head, *backbone = (group["lr"] for group in optimizer.param_groups)
+    assert head != 0.1 and backbone == pytest.approx([0.1 * head] * 2)

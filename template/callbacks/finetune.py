@@ -41,7 +41,18 @@ class FreezeBackbone(BaseFinetuning):
             parameter.requires_grad_(False)
         if {id(p) for p in backbone.parameters()} <= {id(p) for g in optimizer.param_groups for p in g["params"]}:
             return  # already in the optimizer's groups (model.layer_decay's): trainable now, at their own rates
-        ratio, head = self.backbone_lr_ratio, optimizer.param_groups[0]
+        ratio, head, before = self.backbone_lr_ratio, optimizer.param_groups[0], len(optimizer.param_groups)
         rates = {"lr": head["lr"] * ratio, "initial_lr": head.get("initial_lr", head["lr"]) * ratio}
+        # What a schedule keeps in each group (OneCycleLR's max_lr...), and in lists of one per group (base_lrs,
+        # LambdaLR's lr_lambdas): the head's, rates at the backbone's ratio; else torch's strict zips fail.
+        kept = {
+            k: v * ratio if k.endswith("lr") else v for k, v in head.items() if k not in (*optimizer.defaults, "params")
+        }
         for group in parameter_groups(backbone):
-            optimizer.add_param_group({**group, "name": f"backbone_{group['name']}", **rates})
+            optimizer.add_param_group({**kept, **group, "name": f"backbone_{group['name']}", **rates})
+        for config in pl_module.trainer.lr_scheduler_configs:
+            for name, values in vars(config.scheduler).items():
+                if isinstance(values, list) and len(values) == before:
+                    added = optimizer.param_groups[before:]
+                    scaled = values[0] * ratio if name.endswith("lrs") else values[0]
+                    values += [g["initial_lr"] for g in added] if name == "base_lrs" else [scaled] * len(added)
