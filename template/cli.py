@@ -147,6 +147,8 @@ class ClassificationCLI(LightningCLI):
             # In the training thread, not Lightning's AsyncCheckpointIO: ModelCheckpoint deletes the previous best
             # once it has saved the new, and a write still in flight would leave no best checkpoint to a crash.
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if not trainer.loggers:  # --trainer.logger false: no learning rate to log anywhere
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         if self.subcommand != "predict":  # elsewhere it would only add calls to every step
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, PredictionWriter)]
         return trainer

@@ -59,6 +59,11 @@ def explain(error: BaseException) -> str:
         message += "; run where you may write, or set --trainer.logger.init_args.save_dir to such a folder"
     elif isinstance(error, KeyError | TypeError | AttributeError | IndexError):
         message = f"{type(error).__name__}: {message}"  # messages that do not say what they are on their own
+    elif "conditioned on metric" in message:  # Lightning names its own key: the option is ours
+        message += (
+            " (model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1, monitor a training metric "
+            "(train/loss) or validate every epoch"
+        )
     elif "could not find the monitored key" in message:
         message += (" A module that overrides on_validation_epoch_end (or on_train_/on_test_epoch_end) calls "
                     "super() there: ClassificationModule logs val/loss and val/acc (train/acc, test/...) in it.")  # fmt: skip

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
 from template.callbacks import TrainingMonitor
@@ -50,7 +51,8 @@ def print_summary(cli, run_dir: Path) -> None:
         lines.append(
             f"learning rate    {lr:.3g} at epoch {first}" + f", {lr_final:.3g} at epoch {final}" * (final > first)
         )
-    lines.append(f"curves:          {shown_command(['tensorboard', '--logdir', run_dir])}")
+    if any(isinstance(logger, TensorBoardLogger) for logger in cli.trainer.loggers):  # none: --trainer.logger false
+        lines.append(f"curves:          {shown_command(['tensorboard', '--logdir', run_dir])}")
     configured = loggers_of(cli.config.get(str(cli.subcommand), cli.config))[1:]
     lines += [shown(where_to_look(tracker, settings)) for tracker, settings in zip(cli.trainer.loggers[1:], configured)]
     # soft_wrap: paths stay whole (and copyable) on narrow terminals and in logs; no emoji: a path's ":smile:" is text.

@@ -253,3 +253,17 @@ def test_another_monitored_metric_is_kept_at_its_best_not_at_the_recipes_maximum
     assert (
         exit_info.value.code == 1 and "checkpoint.monitor=val/kappa: is a higher or a lower" in capsys.readouterr().err
     )
+
+
+def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):
+    run_cli("fit", "--trainer.logger", "false", *QUICK, "--trainer.limit_val_batches", "1")
+    out = capsys.readouterr().out
+    assert "best val/acc" in out and "tensorboard --logdir" not in out  # and no LearningRateMonitor error
+
+
+def test_a_plateau_schedule_without_its_metric_names_the_option_that_sets_it(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", *tiny_args(tmp_path / "runs"), *QUICK, "--trainer.limit_val_batches", "1",
+              "--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau",
+              "--trainer.check_val_every_n_epoch", "2"])  # fmt: skip
+    assert "(model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1" in capsys.readouterr().err
