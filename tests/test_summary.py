@@ -10,6 +10,7 @@ import pytest
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from template.commands import main
 from template.summary import print_summary
@@ -26,7 +27,8 @@ def fitted(best_model_path: str) -> SimpleNamespace:
     best.best_model_path, best.best_model_score = best_model_path, torch.tensor(0.75)
     last = ModelCheckpoint()
     last.best_model_path = str(Path(best_model_path).parent / "last.ckpt")
-    trainer = SimpleNamespace(checkpoint_callbacks=[best, last], callbacks=[best, last], loggers=[None])
+    logger = TensorBoardLogger("runs", name="pets", version=0)
+    trainer = SimpleNamespace(checkpoint_callbacks=[best, last], callbacks=[best, last], loggers=[logger])
     data = Namespace(
         class_path="template.data.ImageFolderDataModule", init_args=Namespace(root="images", cache_dir="c")
     )
