@@ -997,3 +997,20 @@ def test_a_command_never_writes_into_another_runs_directory(trained, tmp_path, m
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
     assert [path.name for path in run_dir.parent.iterdir()] == ["version_0"]
 
+
+def test_a_resumed_runs_config_yaml_reruns_the_run_from_scratch(trained, tmp_path, monkeypatch):
+    """README: a run's config.yaml reruns it with --config. A resumed run's named its checkpoint as ckpt_path (and
+    its run directory as the logger's version): the rerun restored the finished run, trained no epoch, exited 0."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    last = run_dir / "checkpoints" / "last.ckpt"
+    quick = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    main(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(last), *quick])
+    text = (run_dir / "config.yaml").read_text()
+    recorded = yaml.safe_load(text)
+    assert recorded["ckpt_path"] is None and recorded["trainer"]["logger"]["init_args"]["version"] is None
+    assert text.startswith(f"# resumed from {last} ")  # where it resumed from, said
+    resumed = last.read_bytes()
+    rerun = cli(["fit", "--config", str(run_dir / "config.yaml")])
+    assert Path(rerun.trainer.log_dir) == run_dir.parent / "version_1" and rerun.trainer.global_step == 2 * 2
+    assert last.read_bytes() == resumed
