@@ -68,6 +68,13 @@ class ClassificationCLI(LightningCLI):
         super().parse_arguments(parser, options.without_data_options(args) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and (weights_file := self.config[subcommand].get("weights_file")):
+            new_run = "; to start a new run from a checkpoint's weights, give it as --weights_file alone"
+            raise ValueError(
+                f"--weights_file {weights_file} with --ckpt_path {ckpt_path}: the checkpoint holds all the network's "
+                "weights, so the file would never be read; leave weights_file out (null after a --config that sets "
+                f"it){new_run if subcommand == 'fit' else ''}"
+            )
         if ckpt_path:
             # Read as data, before anything it names is imported (template.restore); a refusal is the file's, not
             # the options': it ends as any bad input does (template.commands), status 1 and no usage line.

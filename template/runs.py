@@ -34,7 +34,8 @@ def place_run(
 ) -> None:
     """Place a command's run under the user's runs directory: at ``run_name`` (a command running many fits), in
     the run a resumed fit continues (``resumed``), or, evaluating ``ckpt_path``, as a new version of the run it
-    came from (unless the user named one); and tell the trackers where to write and which run a resume continues."""
+    came from (unless the user named one), never into another run's directory; and tell the trackers where to write
+    and which run a resume continues."""
     logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
     if is_tensorboard(logger):
         # Absolute: a resumed run's ModelCheckpoint then sees the directory it recorded, and restores its best so far.
@@ -52,6 +53,16 @@ def place_run(
             raise ValueError(
                 f"{linked[0]} is a symbolic link (to {os.readlink(linked[0])}); a run writes only into folders of its "
                 "own: remove it, or set --trainer.logger.init_args.save_dir (which may be a link) to the folder you mean"
+            )
+        # Lightning only warns, then writes over its config.yaml, metrics and last.ckpt, and `best` finds the old best.
+        if resumed is None and version not in (None, "") and run.is_dir() and any(run.iterdir()):
+            fix = "move it away (sweep: or give another --study_name)"
+            if run_name is None:
+                fix = "leave --trainer.logger.init_args.version out (null after a --config) for a new version_N, give "
+                fix += f"one not taken, or resume that run with --ckpt_path {run / 'checkpoints' / 'last.ckpt'}"
+            raise ValueError(
+                f"{run} holds a run already: a command that does not resume it writes a run directory of its own, not "
+                f"into that run's config.yaml, metrics and checkpoints; {fix}"
             )
     if trackers:
         name = logger.init_args.get("name") if is_tensorboard(logger) else None

@@ -146,6 +146,25 @@ def test_weights_file_starts_the_network_and_its_checkpoint_evaluates_without_it
           "--output", str(tmp_path / "net.safetensors")])  # fmt: skip
 
 
+@pytest.mark.parametrize("command", ["fit", "test"])
+def test_a_weights_file_beside_a_checkpoint_is_refused_not_ignored(run_cli, tmp_path, capsys, command):
+    """A resume (or an evaluation) given --weights_file too never read the file, and its config.yaml named it."""
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", *quick)
+    last = run_cli.runs_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    run, saved = last.parents[1], last.read_bytes()
+    before = sorted(path.name for path in run.rglob("*"))
+    torch.save(ResNetSmall(num_classes=10, in_channels=1).state_dict(), tmp_path / "other.pt")
+    more = ["--trainer.max_epochs", "2"] if command == "fit" else ["--trainer.limit_test_batches", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, *run_cli.tiny_args, "--ckpt_path", "last", "--weights_file", str(tmp_path / "other.pt"), *more])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 1 and f"--weights_file {tmp_path / 'other.pt'} with --ckpt_path last" in error
+    assert "leave weights_file out" in error and ("--weights_file alone" in error) == (command == "fit")
+    assert sorted(path.name for path in run.rglob("*")) == before and last.read_bytes() == saved
+    assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no run directory for the refused command
+
+
 def test_torchvision_weights_from_a_safetensors_file_take_their_statistics_and_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache: the file is read instead
     monkeypatch.chdir(tmp_path)

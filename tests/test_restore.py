@@ -972,3 +972,45 @@ def test_a_record_without_optimizer_settings_resumes_without_a_word_about_them(t
     torch.save(checkpoint, tmp_path / "bare.ckpt")
     enter("fit", tmp_path / "bare.ckpt", tmp_path)  # resumed: no SystemExit
     assert list((tmp_path / "runs").glob("*/version_0/checkpoints/last.ckpt"))  # and trained on
+
+
+@pytest.mark.parametrize("entry", ["fit", "test", "a sweep's trial"])
+def test_a_command_never_writes_into_another_runs_directory(trained, tmp_path, monkeypatch, capsys, entry):
+    """A fit given a finished run's version wrote over its config.yaml, metrics.csv and last.ckpt beside its own best
+    (with Lightning's warning alone), and `--ckpt_path best` then found the old run's best: refused, nothing written.
+    An evaluation's, or a sweep's trial placed where a run already is, likewise."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    if entry == "a sweep's trial":  # `template sweep` and `cv` place each fit with run_name
+        with pytest.raises(ValueError, match="holds a run already.*move it away"):
+            cli(["fit", *tiny_args(tmp_path / "runs")], run_name=("digits", "version_0"))
+    else:
+        version = ["--trainer.logger.init_args.version", "0"]
+        with pytest.raises(SystemExit, match="1"):
+            if entry == "test":
+                enter("test", trained, tmp_path, *version)
+            else:  # a new run, not a resume
+                main(["fit", *tiny_args(tmp_path / "runs"), *version, "--trainer.max_epochs", "1"])
+        error = capsys.readouterr().err
+        assert f"{run_dir} holds a run already" in error and "leave --trainer.logger.init_args.version out" in error
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+    assert [path.name for path in run_dir.parent.iterdir()] == ["version_0"]
+
+
+def test_a_resumed_runs_config_yaml_reruns_the_run_from_scratch(trained, tmp_path, monkeypatch):
+    """README: a run's config.yaml reruns it with --config. A resumed run's named its checkpoint as ckpt_path (and
+    its run directory as the logger's version): the rerun restored the finished run, trained no epoch, exited 0."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    last = run_dir / "checkpoints" / "last.ckpt"
+    quick = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    main(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(last), *quick])
+    text = (run_dir / "config.yaml").read_text()
+    recorded = yaml.safe_load(text)
+    assert recorded["ckpt_path"] is None and recorded["trainer"]["logger"]["init_args"]["version"] is None
+    assert text.startswith(f"# resumed from {last} ")  # where it resumed from, said
+    resumed = last.read_bytes()
+    rerun = cli(["fit", "--config", str(run_dir / "config.yaml")])
+    assert Path(rerun.trainer.log_dir) == run_dir.parent / "version_1" and rerun.trainer.global_step == 2 * 2
+    assert last.read_bytes() == resumed

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import tiny_args
 from jsonargparse import Namespace
 
@@ -245,6 +246,9 @@ def test_a_wandb_offline_run_holds_the_config_and_metrics_and_a_resume_keeps_its
     run_id = json.loads((run_dir / TRACKER_RUNS).read_text())["lightning.pytorch.loggers.wandb.WandbLogger"]["id"]
     last = str(run_dir / "checkpoints" / "last.ckpt")
     fit(tmp_path, env, *wandb, "--ckpt_path", last, "--trainer.max_epochs", "2", *QUICK)
+    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())  # as --config, a new run: no run id of this one
+    tensorboard, tracker = (logger["init_args"] for logger in recorded["trainer"]["logger"])
+    assert recorded["ckpt_path"] is None and tensorboard["version"] is None and tracker["id"] is None
 
     offline_runs = sorted((tmp_path / "runs" / "wandb").glob("offline-run-*"))
     assert [path.name.rsplit("-", 1)[1] for path in offline_runs] == [run_id, run_id]  # `wandb sync` joins them

@@ -14,12 +14,13 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from template.files import replaced_atomically
 from template.runs import loggers_of
-from template.tracking import TRACKER_RUNS, record_trackers
+from template.tracking import RUN_IDS, TRACKER_RUNS, record_trackers
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
 
@@ -69,12 +70,13 @@ class RunRecord(SaveConfigCallback):
     """Writes the run's ``config.yaml`` (as LightningCLI's SaveConfigCallback does), ``env.json`` (``env-2.json``...
     on a resume) and, with trackers beside TensorBoard, ``trackers.json`` (``template.tracking``). A resumed run's
     config.yaml is replaced only with its first checkpoint: it records the settings of the run's latest checkpoint
-    (a plain ``--ckpt_path last`` resumes with them), never those of a resume that failed."""
+    (a plain ``--ckpt_path last`` resumes with them), never those of a resume that failed; it names no checkpoint
+    nor run to log into: given as --config, it trains the run anew."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **{**kwargs, "save_to_log_dir": False})  # config.yaml: written here
         self.pending: Path | None = None  # config.yaml, until written
-        self.training = False
+        self.training = self.fitting = False
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's hook for records: on rank 0 only, once a run.
@@ -82,7 +84,7 @@ class RunRecord(SaveConfigCallback):
             return
         run_dir = Path(log_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.pending = run_dir / self.config_filename
+        self.pending, self.fitting = run_dir / self.config_filename, stage == "fit"
         if not self.pending.exists():  # a new run's: at once
             self.write_config()
         path, number = run_dir / "env.json", 1
@@ -102,10 +104,23 @@ class RunRecord(SaveConfigCallback):
             self.write_config()
 
     def write_config(self) -> None:
-        if self.pending is not None:
-            with replaced_atomically(self.pending) as temporary:
-                self.parser.save(self.config, temporary, skip_none=False, overwrite=True, multifile=self.multifile)
-            self.pending = None
+        if self.pending is None:
+            return
+        config, resumed = self.config, self.config.get("ckpt_path") if self.fitting else None
+        if resumed:  # as --config, it trains the run anew: from no checkpoint, into a new run and new tracker runs
+            config = config.clone()
+            config.ckpt_path = None
+            for logger in loggers_of(config):  # TensorBoard's version, MLflow's and W&B's run ids
+                init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
+                for name in [name for name in RUN_IDS if init_args and name in init_args]:
+                    init_args[name] = None
+        with replaced_atomically(self.pending) as temporary:
+            self.parser.save(config, temporary, skip_none=False, overwrite=True, multifile=self.multifile)
+            if resumed:
+                said = f"# resumed from {Path(resumed).resolve()} (fit --ckpt_path it: resumed again); as --config, "
+                said += "this file trains the run anew\n"
+                temporary.write_text(said + temporary.read_text())
+        self.pending = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Remove the run directory of a command that failed before it produced anything (a checkpoint, a step)."""
