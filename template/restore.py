@@ -69,6 +69,9 @@ DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the Dat
 # Arguments that load pretrained weights (weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
 PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$")
+# A DataModule's arguments that decide which images each split holds (split_seed, val_fraction, folds, fold; your
+# own val_split or seed): validate and test of a checkpoint hold them to its run's, or they score images it trained on.
+SPLIT_NAMES = re.compile(r"(^|_)(splits?|folds?|fractions?|seed)$")
 # A network's literal sizes (widths, blocks, stems), bounded before even a meta-device build of it.
 NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
@@ -358,6 +361,7 @@ class Restored:
     trained: dict  # num_classes, class_names and input_shape, as trained
     preprocessing: dict | None
     run_dir: Path | None  # the run directory the checkpoint lies in, when it is one under the user's runs
+    command: str = ""  # the command it is read for (for_command): validate and test hold the splits to its run's
 
 
 def restore(
@@ -515,7 +519,9 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
     own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}
-    return restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
+    restored = restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
+    restored.command = subcommand
+    return restored
 
 
 def named_again(config: dict) -> list[str]:
@@ -590,7 +596,8 @@ def differences(saved: Any, given: Any, key: str) -> list[str]:
 
 def fit_data(restored: Restored, data: Any) -> None:
     """Refuse data that contradicts what the checkpoint was trained on (a silent resize or another class list
-    would give confident answers to a different question); normalise as in training."""
+    would give confident answers to a different question) and, to validate or test, splits drawn otherwise than its
+    run's (``SPLIT_NAMES``); normalise as in training."""
     mismatches = []
     for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
                       ("class_names", "class names")):  # fmt: skip
@@ -604,6 +611,21 @@ def fit_data(restored: Restored, data: Any) -> None:
             "that change them (on the command line or in a --config file): evaluating a checkpoint starts from the "
             "data it was trained with."
         )
+    recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
+    if split and recorded:  # compared for its run's DataModule alone: another's options split other images
+        cls = (registry().get(recorded["class_path"]) or ("", pkgutil.resolve_name(recorded["class_path"])))[1]
+        saved, given = recorded["init_args"], data.hparams if cls is type(data) else {}
+        changes = [
+            f"data.{name} {saved[name]!r} in its run, {given[name]!r} given"
+            for name in saved
+            if SPLIT_NAMES.search(name) and name in given and differences(saved[name], given[name], name)
+        ]
+        if changes:
+            raise ValueError(
+                f"{restored.path}: these data options draw other splits than its run's, so its {split} split may "
+                f"hold images it trained on: {'; '.join(changes)}. Leave them out to score its run's held-out "
+                "images; to score other images, use predict, or train a new run with them"
+            )
     if restored.preprocessing is not None and hasattr(data, "use_preprocessing"):
         data.use_preprocessing(restored.preprocessing, source=str(restored.path))  # without its training images
 

@@ -580,6 +580,26 @@ def test_print_config_of_a_checkpoint_shows_what_a_config_of_it_runs(trained, tm
     assert printed["ckpt_path"] == str(trained)  # `test --config printed.yaml` tests the trained weights
 
 
+def test_evaluating_a_checkpoint_on_splits_drawn_otherwise_than_its_runs_is_refused(trained, tmp_path, monkeypatch):
+    """Another split_seed, fraction or fold draws val and test again, mixing in images the run trained on: validate
+    and test refuse, naming each option and both values; the run's own values given again, and predict, run."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(command: str, *options: str):
+        return cli([command, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(trained), *options])
+
+    changes = r"data.test_fraction 0.2 in its run, 0.3 given; data.split_seed 0 in its run, 1 given\. Leave them out"
+    with pytest.raises(ValueError, match=f"draw other splits than its run's, so its test split may hold .*{changes}"):
+        run("test", "--data.split_seed", "1", "--data.test_fraction", "0.3")
+    with pytest.raises(ValueError, match=r"its val split .*: data.folds None in its run, 3 given; data.fold 0 in its"):
+        run("validate", "--data.folds", "3", "--data.fold", "1")
+    assert (
+        "test/acc"
+        in run("test", "--data.split_seed", "0", "--trainer.limit_test_batches", "1").trainer.callback_metrics
+    )
+    run("predict", "--data.split_seed", "1", "--trainer.limit_predict_batches", "1")
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_a_checkpoint_that_would_allocate_what_it_never_held_is_refused(trained, tmp_path, monkeypatch, entry):
     """A few bytes can declare gigabytes: an expanded tensor (stride 0) in the weights or anywhere else (it would be

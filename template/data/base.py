@@ -269,7 +269,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 "interpolation": self.interpolation, "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
 
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
-        """Normalise as a trained model expects; another input shape or resize than in training is an error."""
+        """Normalise as a trained model expects; another input shape, resize or given mean and std is an error."""
         record = check_preprocessing(record, source)
         if record["input_shape"] != list(self.input_shape):
             raise ValueError(
@@ -287,6 +287,13 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"{source} was trained on images resized {record['interpolation']}, but this data resizes them "
                 f"{self.interpolation}: set data.interpolation to {record['interpolation']} (or leave it out)"
             )
+        for key in ("mean", "std"):  # given ones (data.mean, data.std) are in config.yaml: they must be the ones used
+            given, trained = self.hparams.get(key), torch.tensor(record[key])
+            if given is not None and not torch.equal(torch.tensor(given, dtype=torch.float32), trained):
+                raise ValueError(
+                    f"{source} was trained on images normalised with {key} {[float(f'{v:.7g}') for v in trained]}, "
+                    f"but data.{key} is {given}: leave data.mean and data.std out (or set them to the trained ones)"
+                )
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
     def device_batch_size(self, world_size: int) -> int:

@@ -19,6 +19,7 @@ from template.text import shown
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
 RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
+DRAWN_BY = ("split_seed", "val_fraction", "test_fraction")  # the options that draw val and test from train/
 
 
 def visible(folder: Path, recursive: bool = True) -> list[Path]:
@@ -319,22 +320,34 @@ class ImageFolderDataModule(ImageDataModule):
         return images, torch.from_numpy(labels[keep])
 
     def state_dict(self) -> dict:
-        """The base's, and which files the splits drawn from train/ held (digests): evaluated later, they must."""
-        return super().state_dict() | ({"drawn_splits": dict(self.drawn)} if self.drawn else {})
+        """The base's, and which files the splits drawn from train/ held (digests) and the options that drew them:
+        evaluated later, they must hold the same, and a refusal names the options changed."""
+        drawn_by = {name: getattr(self, name) for name in DRAWN_BY}
+        return super().state_dict() | ({"drawn_splits": dict(self.drawn), "drawn_by": drawn_by} if self.drawn else {})
 
     def load_state_dict(self, state: dict) -> None:
         """Refuse to score held-out images a checkpoint's run may have trained on: splits drawn again from a train/
-        that has changed since (images added, removed, renamed; another split_seed) mix the two; resumed, warn."""
+        that has changed since (images added, removed, renamed; another split_seed or fraction) mix the two; resumed,
+        warn."""
         super().load_state_dict(state)
         recorded = state.get("drawn_splits") if isinstance(state.get("drawn_splits"), dict) else {}
         moved = [
             split for split, digest in self.drawn.items() if split != "train" and recorded.get(split, digest) != digest
         ]
         if moved:
+            drawn_by = state.get("drawn_by") if isinstance(state.get("drawn_by"), dict) else {}  # none: older runs
+            cause = "; ".join(
+                f"data.{name} {drawn_by[name]!r} in its run, {getattr(self, name)!r} now"
+                for name in DRAWN_BY
+                if name in drawn_by and drawn_by[name] != getattr(self, name)
+            )
+            if not cause:
+                cause = "images added, removed or renamed since"
+                cause += "" if drawn_by else ", or another split_seed, val_fraction or test_fraction"
             why = (
                 f"the {' and '.join(moved)} images drawn from {self.root}/train are not the ones the checkpoint's run "
-                "held out (images added, removed or renamed since, or another split_seed), so they mix with images "
-                "it trained on; use the files it was trained with, or keep held-out images in val/ and test/ folders"
+                f"held out ({cause}), so they mix with images it trained on; use the files and options it was trained "
+                "with, or keep held-out images in val/ and test/ folders"
             )
             stage = self.trainer.state.fn if self.trainer is not None else None
             scored = "val" if stage == "validate" else "test" if stage == "test" else None

@@ -1,6 +1,7 @@
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -101,6 +102,26 @@ def test_without_a_test_folder_a_stratified_seeded_share_of_train_is_the_test_sp
     other_seed.load_split("test")
     assert set(other_seed.split_files["test"]) != split["test"]
     assert not module(root, tmp_path, test_fraction=0).has_test
+
+
+def test_held_out_splits_drawn_with_other_options_are_refused_naming_them(tmp_path):
+    """Splits drawn from train/ again (from Python, past the CLI's check of the options) are refused naming the
+    options changed and both values; with the same options, the files changed since are to blame."""
+    root = write_image_folder(tmp_path / "images", per_class=12)
+    trained = module(root, tmp_path)
+    trained.setup("fit")
+    state = trained.state_dict()
+    other = module(root, tmp_path, val_fraction=0.3)
+    other.trainer = SimpleNamespace(state=SimpleNamespace(fn="validate"))
+    other.setup("validate")
+    with pytest.raises(ValueError, match=r"held out \(data.val_fraction 0.1 in its run, 0.3 now\), so they mix"):
+        other.load_state_dict(state)
+    trained.split_files["val"][0].unlink()  # a held-out image removed since
+    again = module(root, tmp_path)
+    again.trainer = other.trainer
+    again.setup("validate")
+    with pytest.raises(ValueError, match=r"held out \(images added, removed or renamed since\), so they mix"):
+        again.load_state_dict(state)
 
 
 def test_a_test_fraction_outside_0_to_1_is_refused(image_folder, tmp_path):

@@ -187,6 +187,20 @@ def test_evaluating_with_another_resize_size_is_refused(photos, tmp_path):
         plain.use_preprocessing({**record, "resize_size": [10, 10]})
 
 
+def test_evaluating_with_other_given_mean_and_std_is_refused(photos, tmp_path):
+    """A checkpoint's statistics replace the data's: given others (data.mean, data.std), config.yaml would record
+    statistics that were never used; the trained ones given again (as float32 kept them) are no change."""
+    trained = module(photos, tmp_path, mean=[0.9, 0.8, 0.7], std=[0.2, 0.2, 0.2])
+    trained.setup("fit")
+    record = trained.preprocessing()
+    module(photos, tmp_path, mean=[0.9, 0.8, 0.7], std=[0.2, 0.2, 0.2]).use_preprocessing(record)
+    module(photos, tmp_path).use_preprocessing(record)
+    with pytest.raises(ValueError, match=r"normalised with mean \[0.9.*\], but data.mean is \[0.5, 0.8, 0.7\]"):
+        module(photos, tmp_path, mean=[0.5, 0.8, 0.7], std=[0.2, 0.2, 0.2]).use_preprocessing(record)
+    with pytest.raises(ValueError, match=r"normalised with std \[0.2.*\], but data.std is \[0.01, 0.01, 0.01\]"):
+        module(photos, tmp_path, mean=[0.9, 0.8, 0.7], std=[0.01, 0.01, 0.01]).use_preprocessing(record)
+
+
 @pytest.mark.slow
 def test_a_photo_folder_trains_validates_predicts_and_exports_at_a_size_other_than_the_caches(run_cli, tmp_path):
     from template.tools.export import export
