@@ -9,6 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 from jsonargparse import ArgumentParser, Namespace
+from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset
 
@@ -29,21 +30,27 @@ from template.data.preprocessing import check_preprocessing
 
 
 def stratified_split(
-    labels: np.ndarray, fractions: Sequence[float], seed: int, names: Sequence[str] = ()
+    labels: np.ndarray, fractions: Sequence[float], seed: int, names: Sequence[str] = (), classes: Sequence[str] = ()
 ) -> list[np.ndarray]:
     """Indices in len(fractions) + 1 disjoint parts that keep the class proportions: the remainder first,
-    then one per fraction (the options ``names``, for errors). A plain random split can give a validation set
-    without some classes."""
+    then one per fraction (the options ``names`` and the labels' ``classes``, for errors). A plain random split can
+    give a validation set without some classes; a class too small for a share of every part is named."""
     if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
         given = ", ".join(f"data.{name}={fraction}" for name, fraction in zip(names, fractions))
         raise ValueError(f"{given or f'split fractions {list(fractions)}'}: each must be above 0, all below 1 together")
-    classes = len(np.unique(labels))
+    found, counts = np.unique(labels, return_counts=True)
+    named = [repr(classes[label]) if 0 <= label < len(classes) else str(label) for label in found]
     for fraction in fractions:
-        if round(fraction * len(labels)) < classes:
+        if round(fraction * len(labels)) < len(found):
             raise ValueError(
                 f"a split of {fraction} of {len(labels)} images holds {round(fraction * len(labels))}, fewer "
-                f"than the {classes} classes it must each contain; raise the fraction or add images"
+                f"than the {len(found)} classes it must each contain; raise the fraction or add images"
             )
+    if counts.min() < 2:  # what a stratified split needs at the least
+        raise ValueError(
+            f"class {named[counts.argmin()]} has {counts.min()} image: a split that keeps every class needs at "
+            "least 2 of each; add images of it, or leave it out"
+        )
     remaining = np.arange(len(labels))
     parts = []
     share = 1.0
@@ -53,6 +60,13 @@ def stratified_split(
         )
         parts.append(np.sort(part))
         share -= fraction
+    said = [f"data.{name}" for name in names] or [f"{fraction} of the images" for fraction in fractions]
+    for name, part in zip(said, parts):
+        if missing := [each for label, each in zip(found, named) if label not in labels[part]]:
+            rank_zero_warn(
+                f"the split of {name} holds no image of class {', '.join(missing)} (too few images): its accuracy "
+                "leaves the class out; add images of it, or raise the fraction"
+            )
     return [np.sort(remaining), *parts]
 
 

@@ -307,7 +307,11 @@ class ImageFolderDataModule(ImageDataModule):
         files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
             parts = stratified_split(
-                labels[keep], list(held_out.values()), self.split_seed, [f"{name}_fraction" for name in held_out]
+                labels[keep],
+                list(held_out.values()),
+                self.split_seed,
+                [f"{name}_fraction" for name in held_out],
+                self.class_names,
             )
             names = [str(files[index].relative_to(self.root)) for index in keep]
             for name, part in zip(["train", *held_out], parts):

@@ -169,3 +169,12 @@ def test_a_training_order_past_the_epoch_is_refused_before_a_silent_empty_epoch(
     data.setup("fit")
     with pytest.raises(ValueError, match="past the epoch's .* samples"):
         data.train_dataloader()
+
+
+def test_a_class_too_small_for_every_split_is_named_never_left_out_in_silence():
+    labels = np.array([0] * 30 + [1] * 30 + [2] * 3)
+    with pytest.warns(UserWarning, match=r"the split of data.val_fraction holds no image of class 'eel'") as warned:
+        stratified_split(labels, [0.1, 0.1], 0, ["val_fraction", "test_fraction"], ["cat", "dog", "eel"])
+    assert any("data.test_fraction holds no image of class 'eel'" in str(each.message) for each in warned)
+    with pytest.raises(ValueError, match=r"class 'eel' has 1 image: a split that keeps every class needs at least 2"):
+        stratified_split(np.array([0] * 30 + [1] * 30 + [2]), [0.1], 0, ["val_fraction"], ["cat", "dog", "eel"])
