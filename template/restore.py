@@ -28,6 +28,7 @@ import lightning as L
 import torch
 import yaml
 from jsonargparse import ArgumentParser, Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torch import nn
 
@@ -653,10 +654,14 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
 
 
 def resumed_settings(path: Path) -> dict:
-    """The Trainer settings (``RESUMED``) and the seed a run's config.yaml records, literals of their types and ranges."""
+    """The Trainer settings (``RESUMED``), the metric the best checkpoint is chosen by and the seed a run's config.yaml
+    records, literals of their types and ranges."""
     config = read_yaml(path)
     trainer, seed = (config.get("trainer"), config.get("seed_everything")) if isinstance(config, dict) else (None, None)
     settings: dict[str, Any] = {"seed_everything": seed} if type(seed) in (int, bool) else {}
+    if isinstance(checkpoint := config.get("checkpoint") if isinstance(config, dict) else None, dict):
+        taken = {name: checkpoint[name] for name in ("monitor", "mode") if name in checkpoint}
+        settings["checkpoint"] = arguments(ModelCheckpoint, taken, "checkpoint", str(path), set())
     if isinstance(trainer, dict):
         taken = {name: trainer[name] for name in RESUMED if name in trainer}
         settings["trainer"] = arguments(L.Trainer, taken, "trainer", str(path), set())

@@ -267,3 +267,12 @@ def test_a_plateau_schedule_without_its_metric_names_the_option_that_sets_it(tmp
               "--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau",
               "--trainer.check_val_every_n_epoch", "2"])  # fmt: skip
     assert "(model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1" in capsys.readouterr().err
+
+
+def test_a_resume_chooses_its_best_checkpoint_by_its_runs_metric_unless_told_otherwise(run_cli):
+    run_cli("fit", "--checkpoint.monitor", "val/loss", *QUICK, "--trainer.limit_val_batches", "1")
+    resumed = run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2",
+                      "--trainer.limit_val_batches", "1")  # fmt: skip
+    best = resumed.trainer.checkpoint_callback
+    assert (best.monitor, best.mode) == ("val/loss", "min")  # not the recipe's val/acc, max: two metrics in one run
+    assert resumed.trainer.logger.log_dir.endswith("version_0")
