@@ -357,11 +357,16 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     checkpoint_dir = lasts[-1].parent
     if alias == "last":
         return lasts[-1]
-    bests = [path for path in checkpoint_dir.glob("best*.ckpt") if path.is_file()]
+    # Any name checkpoint.filename gives (best-epoch003.ckpt, ep3-0.91.ckpt), but the latest states'.
+    found = [*checkpoint_dir.glob("*.ckpt"), *checkpoint_dir.glob("*/*.ckpt")]  # a "/" in a metric's name: a folder
+    kept = [path for path in found if path.is_file() and path.stem not in ("last", "preempted")]
+    bests = [(score, path.stat().st_mtime, path) for path in kept if (score := monitored_score(path))[0]]
     if not bests:
-        raise FileNotFoundError(f"--ckpt_path best: {checkpoint_dir} holds no best*.ckpt")
+        raise FileNotFoundError(
+            f"--ckpt_path best: {checkpoint_dir} holds no best checkpoint (none records a monitored metric)"
+        )
     # The best monitored value (with save_top_k > 1 the newest file is not the best); ties: the newest.
-    return max(bests, key=lambda path: (*monitored_score(path), path.stat().st_mtime))
+    return max(bests)[2]
 
 
 def monitored_score(path: Path) -> tuple[bool, float]:

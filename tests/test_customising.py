@@ -276,3 +276,10 @@ def test_a_resume_chooses_its_best_checkpoint_by_its_runs_metric_unless_told_oth
     best = resumed.trainer.checkpoint_callback
     assert (best.monitor, best.mode) == ("val/loss", "min")  # not the recipe's val/acc, max: two metrics in one run
     assert resumed.trainer.logger.log_dir.endswith("version_0")
+
+
+def test_best_finds_the_best_checkpoint_whatever_its_filename(run_cli):
+    fitted = run_cli("fit", "--checkpoint.filename", "ep{epoch}-{val/acc:.3f}", "--trainer.max_epochs", "2",
+                     "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")  # fmt: skip
+    tested = run_cli("test", "--ckpt_path", "best", "--trainer.limit_test_batches", "1")
+    assert tested.trainer.ckpt_path == fitted.trainer.checkpoint_callback.best_model_path
