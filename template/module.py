@@ -37,7 +37,8 @@ class ClassificationModule(L.LightningModule):
             ``total_steps`` gets the run's optimizer steps (``template.schedule.build_scheduler``).
         scheduler_interval: ``step`` or ``epoch``; by default the unit its own arguments count (``interval_of``).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
-        label_smoothing: mass moved from the true class to all classes in the loss.
+        label_smoothing: mass moved from the true class to all classes in the training loss (val/ and test/loss
+            are plain cross-entropy).
         channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
         flip_tta, tta_translate: evaluate on the mean logits of each image, its mirror and crops shifted by
@@ -142,7 +143,8 @@ class ClassificationModule(L.LightningModule):
         logits = multi_crop_logits(self, images, self.flip_tta, self.tta_translate)  # the mirror's and shifts' votes
         getattr(self, f"{split}_acc").update(logits, labels)
         # The batch's mean loss once per image: a last, smaller batch weighs less (MeanMetric's weight= drops NaN).
-        getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
+        # Plain cross-entropy, no label smoothing: runs that smooth differently (a sweep's) compare on one scale.
+        getattr(self, f"{split}_loss").update(F.cross_entropy(logits, labels).expand(len(labels)))
         getattr(self, f"{split}_images").update(len(labels))
         return logits
 
