@@ -18,7 +18,15 @@ from template.compat import is_compiled
 from template.data_init import init_from_data
 from template.evaluation import multi_crop_logits
 from template.restore import load_module, register
-from template.schedule import Factory, WarmupCosine, build_optimizer, build_scheduler, interval_of, parameter_groups
+from template.schedule import (
+    Factory,
+    WarmupCosine,
+    build_optimizer,
+    build_scheduler,
+    interval_of,
+    parameter_groups,
+    run_length,
+)
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 # Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.
@@ -34,10 +42,11 @@ class ClassificationModule(L.LightningModule):
         num_classes, class_names, input_shape: K, a name per class (kept for ``predict``) and (C, H, W) of one
             input; linked from the DataModule by the CLI.
         optimizer, lr_scheduler: any torch optimizer and scheduler (``None``: a constant LR); one that takes
-            ``total_steps`` gets the run's optimizer steps (``template.schedule.build_scheduler``).
+            ``total_steps`` gets the run's length in the unit it steps at (``template.schedule.run_length``).
         scheduler_interval: ``step`` or ``epoch``; by default the unit its own arguments count (``interval_of``).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
-        label_smoothing: mass moved from the true class to all classes in the loss.
+        label_smoothing: mass moved from the true class to all classes in the training loss (val/ and test/loss
+            are plain cross-entropy).
         channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
         flip_tta, tta_translate: evaluate on the mean logits of each image, its mirror and crops shifted by
@@ -142,7 +151,8 @@ class ClassificationModule(L.LightningModule):
         logits = multi_crop_logits(self, images, self.flip_tta, self.tta_translate)  # the mirror's and shifts' votes
         getattr(self, f"{split}_acc").update(logits, labels)
         # The batch's mean loss once per image: a last, smaller batch weighs less (MeanMetric's weight= drops NaN).
-        getattr(self, f"{split}_loss").update(self._loss(logits, labels).expand(len(labels)))
+        # Plain cross-entropy, no label smoothing: runs that smooth differently (a sweep's) compare on one scale.
+        getattr(self, f"{split}_loss").update(F.cross_entropy(logits, labels).expand(len(labels)))
         getattr(self, f"{split}_images").update(len(labels))
         return logits
 
@@ -170,12 +180,13 @@ class ClassificationModule(L.LightningModule):
         return multi_crop_logits(self, batch[0], self.flip_tta, self.tta_translate).softmax(dim=1)  # (B, K)
 
     def configure_optimizers(self) -> dict:
-        steps = lambda: int(self.trainer.estimated_stepping_batches)  # noqa: E731  (asked only by what plans the run)
+        steps = lambda: run_length(self.trainer, "step")  # noqa: E731  (asked only by what plans the run)
         groups = parameter_groups(self.net, self.layer_decay)
         optimizer = build_optimizer(self.optimizer, self.hparams.get("optimizer"), groups, steps, self.net.buffers())
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}
-        scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, steps)
+        length = lambda: run_length(self.trainer, self.scheduler_interval or "step")  # noqa: E731  (in its unit)
+        scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, length)
         settings = {"scheduler": scheduler, "interval": self.scheduler_interval or interval_of(scheduler), "name": "lr"}
         if isinstance(scheduler, ReduceLROnPlateau):
             settings["monitor"] = self.scheduler_monitor

@@ -25,14 +25,15 @@ class Factory(functools.partial):
 
 
 class WarmupCosine(LRScheduler):
-    """Linear warmup, then cosine decay, stepped once per optimizer step.
+    """Linear warmup, then cosine decay, stepped once per optimizer step (or per epoch: ``model.scheduler_interval``).
 
     Warmup avoids the large, badly aimed updates of the first steps, while BatchNorm statistics and Adam's
     moments are still poor. With ``cycles > 1`` the cosine restarts from the peak (SGDR, Loshchilov & Hutter).
 
     Args:
         optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
-        total_steps: optimizer steps in the whole run; by default the run's (see ``build_scheduler``).
+        total_steps: scheduler steps in the whole run (optimizer steps, or epochs); by default the run's
+            (see ``build_scheduler``).
         warmup_fraction: share of ``total_steps`` spent warming up linearly.
         min_lr_ratio: floor of the decay, as a fraction of the peak.
         cycles: number of cosine cycles after warmup (1: no restarts).
@@ -84,7 +85,7 @@ class WarmupCosine(LRScheduler):
         super().load_state_dict(state_dict)
         self.resumed = True
 
-    def replan(self, total_steps: int) -> None:
+    def replan(self, total_steps: int, unit: str = "optimizer steps") -> None:
         """Plan over ``total_steps`` (where the resumed run ends), from the step the schedule stands at."""
         planned = self.total_steps
         self.total_steps, self.warmup_steps = max(1, total_steps), round(self.warmup_fraction * total_steps)
@@ -93,7 +94,7 @@ class WarmupCosine(LRScheduler):
             group["lr"] = lr  # the next step already uses the new plan
         rank_zero_info(
             f"learning-rate schedule re-planned from {planned} to {self.total_steps} "
-            f"optimizer steps; continuing from step {self.last_epoch}"
+            f"{unit}; continuing from {self.last_epoch}"
         )
 
 
@@ -120,14 +121,21 @@ def build_optimizer(
 
 
 def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
-    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then) where its class
-    takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not set them."""
+    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then: ``run_length``)
+    where its class takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not
+    set them."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
         cls, given = getattr(make, "func", make), getattr(make, "keywords", {})
     if isinstance(cls, type) and takes(cls, "total_steps") and given.get("total_steps") is None:
-        built = make(optimizer, total_steps=total_steps() if callable(total_steps) else total_steps)
+        length = total_steps() if callable(total_steps) else total_steps
+        if not math.isfinite(length):
+            raise ValueError(
+                f"{cls.__name__} plans over the run's length, and this run has none (trainer.max_epochs -1 and no "
+                "trainer.max_steps): set one of them, or its total_steps"
+            )
+        built = make(optimizer, total_steps=int(length))
         built.planned_over_run = True  # the run's length, not the user's: a resume of another length re-plans it
         return built
     return make(optimizer)
@@ -140,6 +148,15 @@ def interval_of(scheduler: Any) -> str:
 
 # What a scheduler plans, in the unit it steps at: the run's whole length, or steps the run should reach.
 PLANNED_LENGTHS, PLANNED_STEPS = ("total_steps", "T_max"), ("step_size", "milestones", "total_iters")
+
+
+def run_length(trainer: Any, interval: str) -> float:
+    """The run's length in the unit a scheduler steps at: its optimizer steps, or the epochs they take (fewer than
+    max_epochs where max_steps ends the run first, its last epoch cut short; one where the loader has no length)."""
+    steps = trainer.estimated_stepping_batches
+    if interval == "step" or not math.isfinite(steps):
+        return steps
+    return max(1, math.ceil(steps / math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)))
 
 
 def run_end(trainer: Any) -> float:
@@ -159,21 +176,23 @@ def check_plan(trainer: Any) -> None:
     """Hold each scheduler's plan to the run it steps through (optimizer steps or epochs, by its interval), before
     training: ``total_steps`` short of the run is an error (the rest would train at the schedule's end, its floor;
     OneCycleLR fails there); a plan the run does not play out as written, a warning (``max_steps`` may stop a
-    longer plan early on purpose). A run of no set length (``max_epochs`` -1) is not checked."""
+    longer plan early on purpose). A run of no set length (``max_epochs`` -1, no ``max_steps``) is not checked."""
     for config in trainer.lr_scheduler_configs:
         resumed = config.scheduler.__dict__.pop("resumed", False)
-        if resumed and getattr(config.scheduler, "planned_over_run", False) and math.isfinite(end := run_end(trainer)):
-            if (end := int(end)) != config.scheduler.total_steps:  # another length: fit to it
-                config.scheduler.replan(end)
-                for optimizer in trainer.optimizers:  # Lookahead's ramp and last sync follow the same plan
-                    if getattr(optimizer, "total_steps", None):
-                        optimizer.total_steps = end
-            continue
         step = config.interval == "step"
-        run = trainer.estimated_stepping_batches if step else trainer.max_epochs
-        if run is None or not 0 < run < math.inf:
+        unit, ours = "optimizer steps" if step else "epochs", getattr(config.scheduler, "planned_over_run", False)
+        if resumed and ours and math.isfinite(steps := run_end(trainer)):
+            end = int(steps) if step else int(run_length(trainer, "epoch"))
+            if end != config.scheduler.total_steps:  # another length: fit to it
+                config.scheduler.replan(end, unit)
+                for optimizer in trainer.optimizers:  # Lookahead's ramp and last sync count optimizer steps
+                    if getattr(optimizer, "total_steps", None):
+                        optimizer.total_steps = int(steps)
             continue
-        run, unit = int(run) // config.frequency, "optimizer steps" if step else "epochs"
+        run = run_length(trainer, config.interval)
+        if not 0 < run < math.inf:
+            continue
+        run = int(run) // config.frequency
         for name in (*PLANNED_LENGTHS, *PLANNED_STEPS):
             value = getattr(config.scheduler, name, None)
             value = sorted(value) if isinstance(value, Iterable) else value  # MultiStepLR's milestones: a Counter

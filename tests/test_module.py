@@ -158,7 +158,7 @@ def test_validation_reports_the_loss_and_accuracy_of_the_whole_split_and_a_nan_l
     [result] = trainer.validate(module, datamodule=DigitsDataModule(batch_size=100))
     logits, labels = (torch.cat(parts) for parts in zip(*outputs.seen))
     assert len(outputs.seen) > 1 and len(labels) % 100  # a last, smaller batch: a mean of batch means would differ
-    loss = F.cross_entropy(logits, labels, label_smoothing=0.1)
+    loss = F.cross_entropy(logits, labels)  # without the training loss's label smoothing
     assert result["val/loss"] == pytest.approx(loss.item(), rel=1e-5)
     assert result["val/acc"] == pytest.approx((logits.argmax(1) == labels).float().mean().item())
     assert sorted(logged) == ["val/acc", "val/loss"]  # once a validation, not once a batch (~0.3 ms a call)
@@ -166,6 +166,21 @@ def test_validation_reports_the_loss_and_accuracy_of_the_whole_split_and_a_nan_l
         module.net.head.weight.fill_(float("nan"))
     [result] = trainer.validate(module, datamodule=DigitsDataModule(batch_size=100))
     assert math.isnan(result["val/loss"])  # shown, not dropped as torchmetrics' mean does by default
+
+
+def test_val_and_test_loss_are_the_same_whatever_the_label_smoothing():
+    """The sweep varies label_smoothing: with it in val/loss, a smoother run's loss read higher for the same
+    predictions, and runs were compared on different scales."""
+    trainer = L.Trainer(
+        logger=False, accelerator="cpu", limit_val_batches=2, limit_test_batches=2,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    plain, smoothed = make_module(), make_module(label_smoothing=0.3)
+    smoothed.load_state_dict(plain.state_dict())
+    for evaluate in (trainer.validate, trainer.test):
+        [[plain_result], [smoothed_result]] = (evaluate(m, datamodule=DigitsDataModule()) for m in (plain, smoothed))
+        assert plain_result == pytest.approx(smoothed_result, rel=1e-6)
 
 
 class FirstBatch(L.Callback):

@@ -1,6 +1,7 @@
 """Any torch scheduler from YAML: its own arguments, the run's total steps where it takes them, its plan checked."""
 
 import csv
+import math
 import warnings
 from functools import partial
 from pathlib import Path
@@ -76,7 +77,8 @@ def test_an_epoch_counted_schedule_steps_per_epoch_and_the_summary_shows_where_t
     assert cosine.trainer.lr_scheduler_configs[0].interval == "step"
 
 
-@pytest.mark.parametrize(
+# The schedules that take total_steps, which the template fills with the run's where they are left out.
+planning_schedulers = pytest.mark.parametrize(
     "scheduler",
     [
         ["template.schedule.WarmupCosine"],
@@ -84,6 +86,27 @@ def test_an_epoch_counted_schedule_steps_per_epoch_and_the_summary_shows_where_t
     ],
     ids=["WarmupCosine", "OneCycleLR"],
 )
+
+
+@planning_schedulers
+def test_a_schedule_the_template_plans_counts_epochs_when_it_steps_per_epoch(run_cli, scheduler):
+    """Stepped per epoch, warmup-cosine was planned over the run's 12 optimizer steps: its 3 epoch steps only warmed
+    it up, the LR rose all run, and the warning named a total_steps=12 the user never set."""
+    quick = ["--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "3"]
+    epochs = ["--model.lr_scheduler", *scheduler, "--model.scheduler_interval", "epoch"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trained = run_cli("fit", *quick, *epochs)
+    assert not [str(warning.message) for warning in caught if "total_steps" in str(warning.message)]
+    assert trained.trainer.lr_scheduler_configs[0].scheduler.total_steps == 3
+    rates = [float(row["lr"]) for row in csv.DictReader((Path(trained.trainer.log_dir) / "metrics.csv").open())]
+    assert rates[-1] < 0.5 * max(rates)  # the last epoch trains in the decay, not at the warmup's top
+    # max_steps ends the run within its second epoch: the plan is over the 2 epochs the run reaches.
+    short = run_cli("fit", *quick, *epochs, "--trainer.max_steps", "6", "--trainer.logger.init_args.name", "short")
+    assert short.trainer.lr_scheduler_configs[0].scheduler.total_steps == 2
+
+
+@planning_schedulers
 def test_a_schedule_shorter_than_the_run_is_refused_before_training(run_cli, capsys, scheduler):
     """8 planned steps of a 12-step run: warmup-cosine trained the last 4 at its floor (LR 0) in silence, OneCycleLR
     failed mid-run with torch's "Tried to step" text."""
@@ -101,9 +124,11 @@ def test_a_schedule_shorter_than_the_run_is_refused_before_training(run_cli, cap
 def plan_warnings(scheduler, interval: str = "epoch", max_epochs: int = 3) -> list[str]:
     """What ``check_plan`` warns of ``scheduler`` in a run of ``max_epochs`` epochs of 4 optimizer steps each."""
     config = LRSchedulerConfig(scheduler, interval=interval)
+    steps = 4 * max_epochs if max_epochs > 0 else math.inf  # Lightning's estimate of a run of no set length
     trainer = SimpleNamespace(
-        max_epochs=max_epochs, estimated_stepping_batches=4 * max_epochs, lr_scheduler_configs=[config]
-    )
+        max_epochs=max_epochs, estimated_stepping_batches=steps, lr_scheduler_configs=[config],
+        num_training_batches=4, accumulate_grad_batches=1,
+    )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_plan(trainer)

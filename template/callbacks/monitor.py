@@ -54,12 +54,17 @@ class TrainingMonitor(Callback):
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self.rows: list[dict] = []
         self._before: dict = {}
-        self._lr: float | None = None  # the learning rate the epoch started with
+        self._epoch, self._lr = -1, float("nan")  # the epoch in progress and the learning rate it started with
+        self._carried: dict | None = None  # a checkpoint's epoch in progress, which a resume within it goes on with
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
 
     def state_dict(self) -> dict:  # a resumed run's metrics.csv keeps the epochs before it
         self._write_row()
-        return {"rows": self.rows}
+        seconds = self._train_end - self._epoch_start  # to its last training batch: a resume redoes those after
+        return {
+            "rows": self.rows,
+            "in_progress": {"epoch": self._epoch, "lr": self._lr, "seconds": seconds, "images": self._images},
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         rows = state_dict.get("rows")  # untrusted: numbers under metric names only, never a spreadsheet formula
@@ -71,6 +76,11 @@ class TrainingMonitor(Callback):
             for row in rows
         ):
             self.rows = rows
+        part = state_dict.get("in_progress")  # numbers only
+        if isinstance(part, dict) and all(
+            type(part.get(k)) in (int, float) for k in ("epoch", "lr", "seconds", "images")
+        ):
+            self._carried = part
 
     @staticmethod
     def _tensorboard(trainer: L.Trainer):
@@ -84,15 +94,25 @@ class TrainingMonitor(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_plan(trainer)  # here, not in configure_optimizers: a resume's restored plan, not the doctor's short fits
+        # A fit resumed within an epoch (pre-empted, stopped at max_steps) starts no epoch: it goes on with the
+        # checkpoint's figures of it (time, images, starting learning rate), not from 0 (uptime as its epoch time).
+        self._start_epoch(trainer)
+        carried, self._carried = self._carried, None
+        if carried is not None and carried["epoch"] == trainer.current_epoch:
+            self._lr, self._images = carried["lr"], carried["images"]
+            self._epoch_start -= carried["seconds"]
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_row()
+        self._start_epoch(trainer)
+
+    def _start_epoch(self, trainer: L.Trainer) -> None:
         self._epoch_start = self._train_end = time.perf_counter()
-        self._images = 0
+        self._epoch, self._images = trainer.current_epoch, 0
         # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
         # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
-        self._lr = current_lr(trainer)  # the largest group's: a schedule that collapsed shows
+        self._lr = float(current_lr(trainer))  # the largest group's: a schedule that collapsed shows
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
@@ -105,9 +125,7 @@ class TrainingMonitor(Callback):
         pl_module.log_dict(speed)
         # The module's on_train_epoch_end, after this, may log epoch metrics (train/acc): the row waits for the
         # next hook of ours (a checkpoint's state, the next epoch, the end of training).
-        lr = self._lr if self._lr is not None else current_lr(trainer)  # a resume mid-epoch started none
-        row, self._lr = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": lr}, None
-        self._pending = (trainer, row, speed)
+        self._pending = (trainer, {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}, speed)
 
     def _write_row(self) -> None:
         if self._pending is None:
@@ -118,6 +136,8 @@ class TrainingMonitor(Callback):
         if not trainer.is_global_zero or not trainer.loggers or (run_dir := run_directory(trainer)) is None:
             return
         metrics = {k: round(float(v), 6) for k, v in metrics.items() if v.numel() == 1 and v is not self._before.get(k)}
+        if self.rows and self.rows[-1].get("epoch") == row["epoch"]:  # a stop within the epoch wrote its first part
+            row = self.rows.pop() | row
         self.rows.append({**row, **metrics, **speed})
         fields = list(dict.fromkeys(key for row in self.rows for key in row))
         with (Path(run_dir) / self.csv_name).open("w", newline="") as file:

@@ -112,3 +112,19 @@ def test_a_resumed_metrics_table_larger_than_a_run_writes_is_not_taken():
     assert monitor.rows == []
     monitor.load_state_dict({"rows": [{"epoch": 0, "val/acc": 0.5}, {"epoch": 1, "val/acc": 0.6}]})
     assert len(monitor.rows) == 2
+
+
+def test_an_epoch_resumed_within_goes_on_with_its_own_time_images_and_learning_rate(run_cli):
+    """Resumed within an epoch (here stopped at max_steps; a pre-emption alike), no epoch starts: its row had the
+    machine's uptime as epoch_time, 0.001 images/s, the learning rate at the resume, and came beside the first part's."""
+    quick = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1"]
+    started = time.perf_counter()
+    first = run_cli("fit", *quick, "--trainer.max_steps", "3")
+    metrics = Path(first.trainer.log_dir) / "metrics.csv"
+    [part] = list(csv.DictReader(metrics.open()))
+    run_cli("fit", *quick, "--trainer.max_steps", "6", "--ckpt_path", "last")  # to the end of the epoch
+    elapsed = time.perf_counter() - started
+    [row] = list(csv.DictReader(metrics.open()))  # one row for the epoch, the whole of it
+    assert row["epoch"] == "0" and row["step"] == "6" and row["lr"] == part["lr"]  # the LR it started with
+    assert float(part["train/epoch_time"]) < float(row["train/epoch_time"]) < elapsed
+    assert float(row["train/images_per_sec"]) > 6 * 64 / elapsed  # 6 batches of 64 images, timed in this test
