@@ -11,6 +11,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
 
 from template import options
 from template.callbacks import NonFiniteGuard, PredictionWriter, ResumeState, RunRecord, TrainingMonitor
@@ -68,13 +69,6 @@ class ClassificationCLI(LightningCLI):
         super().parse_arguments(parser, options.without_data_options(args) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and (weights_file := self.config[subcommand].get("weights_file")):
-            new_run = "; to start a new run from a checkpoint's weights, give it as --weights_file alone"
-            raise ValueError(
-                f"--weights_file {weights_file} with --ckpt_path {ckpt_path}: the checkpoint holds all the network's "
-                "weights, so the file would never be read; leave weights_file out (null after a --config that sets "
-                f"it){new_run if subcommand == 'fit' else ''}"
-            )
         if ckpt_path:
             # Read as data, before anything it names is imported (template.restore); a refusal is the file's, not
             # the options': it ends as any bad input does (template.commands), status 1 and no usage line.
@@ -85,6 +79,12 @@ class ClassificationCLI(LightningCLI):
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
+        if self.restored and (weights_file := self.config[subcommand].get("weights_file")):  # a requeue's options
+            rank_zero_warn(
+                f"--weights_file {weights_file} not read: --ckpt_path {ckpt_path} holds all the network's weights (to "
+                "start a new run from a checkpoint's weights, give it as --weights_file alone)"
+            )
+            self.config[subcommand].weights_file = None  # nor recorded in config.yaml
         options.switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.

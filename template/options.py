@@ -29,7 +29,9 @@ WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|D
                              r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
 # The recipe's classes whose recipe values are theirs alone (the AdamW weight decay is not SGD's).
 SWITCHABLE = ("optimizer", "lr_scheduler", "net")
-HIGHER = re.compile("acc|f1|auc|precision|recall|iou|map|dice|score")  # metrics a checkpoint maximises by name
+# Metrics a checkpoint keeps at their lowest and highest, by name (val/loss, val_err; val/AUC, val/mIoU).
+LOWER = re.compile(r"loss|(?<![a-z])err(or)?s?(?![a-z])", re.IGNORECASE)
+HIGHER = re.compile(r"acc|f1|auc|precision|recall|iou|(?<![a-z])map(?![a-z])|dice|score", re.IGNORECASE)
 
 
 def condense(message: str) -> str:
@@ -63,8 +65,9 @@ def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
     for flag, value in [*zip(args, args[1:]), *pairs]:  # --config FILE, --config=FILE
         if flag != "--config" or (skip is not None and value == str(skip)):
             continue
-        try:
-            loaded = yaml.safe_load(Path(value).read_text() if len(value) < 4096 and Path(value).is_file() else value)
+        try:  # a file, or YAML text (a checkpoint's record): text that cannot be a path is never asked as one
+            named = len(value) < 4096 and not value.lstrip().startswith("{") and Path(value).is_file()
+            loaded = yaml.safe_load(Path(value).read_text() if named else value)
         except (OSError, yaml.YAMLError):
             continue
         configs.append(loaded if isinstance(loaded, dict) else {})
@@ -119,7 +122,7 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
     mode_given = any(token.split("=")[0] == "--checkpoint.mode" for token in args)
     mode_given |= any("mode" in (each.get("checkpoint") or {}) for each in given_configs(args, skip=recipe))
     if monitor not in (None, (recipe_config.get("checkpoint") or {}).get("monitor")) and not mode_given:
-        better = "min" if re.search("loss|err", monitor) else "max" if HIGHER.search(monitor) else None
+        better = "min" if LOWER.search(monitor) else "max" if HIGHER.search(monitor) else None
         if better is None:
             raise ValueError(
                 f"checkpoint.monitor={monitor}: is a higher or a lower value better? Say it: --checkpoint.mode max|min"

@@ -245,6 +245,8 @@ def test_another_monitored_metric_is_kept_at_its_best_not_at_the_recipes_maximum
 
     assert mode() == "max"  # the recipe's val/acc
     assert mode("--checkpoint.monitor", "val/loss") == "min"  # not the recipe's max: that kept the worst epoch
+    for monitor, kept in {"val_err": "min", "val/AUC": "max", "val/mIoU": "max", "val/referral_acc": "max"}.items():
+        assert mode("--checkpoint.monitor", monitor) == kept, monitor
     assert mode("--checkpoint.monitor=val/loss", "--checkpoint.mode", "max") == "max"  # given: as given
     (tmp_path / "monitor.yaml").write_text("checkpoint:\n  monitor: val/loss\n  mode: max\n")
     assert mode("--config", str(tmp_path / "monitor.yaml")) == "max"
@@ -269,12 +271,19 @@ def test_a_plateau_schedule_without_its_metric_names_the_option_that_sets_it(tmp
     assert "(model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1" in capsys.readouterr().err
 
 
-def test_a_resume_chooses_its_best_checkpoint_by_its_runs_metric_unless_told_otherwise(run_cli):
-    run_cli("fit", "--checkpoint.monitor", "val/loss", *QUICK, "--trainer.limit_val_batches", "1")
+@pytest.mark.parametrize(
+    "started, chosen",
+    [
+        (["val/loss"], ("val/loss", "min")),
+        (["train/images_per_sec", "--checkpoint.mode", "max"], ("train/images_per_sec", "max")),
+    ],
+)
+def test_a_resume_chooses_its_best_checkpoint_by_its_runs_metric_unless_told_otherwise(run_cli, started, chosen):
+    run_cli("fit", "--checkpoint.monitor", *started, *QUICK, "--trainer.limit_val_batches", "1")
     resumed = run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2",
                       "--trainer.limit_val_batches", "1")  # fmt: skip
     best = resumed.trainer.checkpoint_callback
-    assert (best.monitor, best.mode) == ("val/loss", "min")  # not the recipe's val/acc, max: two metrics in one run
+    assert (best.monitor, best.mode) == chosen  # not the recipe's val/acc, max: two metrics in one run
     assert resumed.trainer.logger.log_dir.endswith("version_0")
 
 
@@ -283,3 +292,12 @@ def test_best_finds_the_best_checkpoint_whatever_its_filename(run_cli):
                      "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1")  # fmt: skip
     tested = run_cli("test", "--ckpt_path", "best", "--trainer.limit_test_batches", "1")
     assert tested.trainer.ckpt_path == fitted.trainer.checkpoint_callback.best_model_path
+
+
+def test_a_runs_config_yaml_reruns_it_anew_wherever_the_run_was_placed(run_cli):
+    """A version given (as sweep and cv place their runs: trial_007, fold_1) is not recorded: --config of the
+    run's config.yaml trains a run of its own, never refused for writing into the one it records."""
+    first = run_cli("fit", "--trainer.logger.init_args.version", "fold_1", *QUICK, "--trainer.limit_val_batches", "1")
+    config = Path(first.trainer.log_dir) / "config.yaml"
+    again = run_cli("fit", "--config", str(config), *QUICK, "--trainer.limit_val_batches", "1")
+    assert Path(again.trainer.log_dir).name == "version_0" and Path(first.trainer.log_dir).name == "fold_1"

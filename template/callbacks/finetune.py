@@ -54,5 +54,5 @@ class FreezeBackbone(BaseFinetuning):
             for name, values in vars(config.scheduler).items():
                 if isinstance(values, list) and len(values) == before:
                     added = optimizer.param_groups[before:]
-                    scaled = values[0] * ratio if name.endswith("lrs") else values[0]
+                    scaled = values[0] * ratio if name.endswith(("lrs", "_lr")) else values[0]
                     values += [g["initial_lr"] for g in added] if name == "base_lrs" else [scaled] * len(added)

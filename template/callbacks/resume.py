@@ -137,6 +137,6 @@ class ResumeState(Callback):
                 trainer.save_checkpoint(path)
                 if trainer.is_global_zero:
                     sys.stderr.write(f"Stopped by SIGTERM after global step {trainer.global_step}; wrote {path}. ")
-                    sys.stderr.write(f"Resume with the same options (but weights_file) and --ckpt_path {path}\n")
+                    sys.stderr.write(f"Resume with the same options and --ckpt_path {path}\n")
         finally:
             self._stop_watching()  # only now: a second SIGTERM while it saves still ends the process
