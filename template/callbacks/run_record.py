@@ -109,7 +109,8 @@ class RunRecord(SaveConfigCallback):
         # As --config, it runs anew: into a new run and new tracker runs (a version a sweep or cv placed it at, a
         # resume's), and a fit from no checkpoint.
         config, resumed = self.config.clone(), self.config.get("ckpt_path") if self.fitting else None
-        config.ckpt_path = None if resumed else config.get("ckpt_path")
+        if resumed:
+            config.ckpt_path = None
         for logger in loggers_of(config):  # TensorBoard's version, MLflow's and W&B's run ids
             init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
             for name in [name for name in RUN_IDS if init_args and name in init_args]:
