@@ -59,11 +59,17 @@ def names_checkpoint(args: list[str]) -> bool:
     return given or any("ckpt_path" in config for config in given_configs(args))
 
 
+def option_values(args: list[str], *flags: str) -> list[str]:
+    """The values ``args`` give any of ``flags``, as ``--flag VALUE`` or ``--flag=VALUE``."""
+    pairs = [tuple(token.split("=", 1)) for token in args if "=" in token]
+    return [value for flag, value in [*zip(args, args[1:]), *pairs] if flag in flags]
+
+
 def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
     """The configurations (files, or YAML text) that --config options give, ``skip`` left out."""
-    configs, pairs = [], [token.split("=", 1) for token in args if token.startswith("--config=")]
-    for flag, value in [*zip(args, args[1:]), *pairs]:  # --config FILE, --config=FILE
-        if flag != "--config" or (skip is not None and value == str(skip)):
+    configs = []
+    for value in option_values(args, "--config"):
+        if skip is not None and value == str(skip):
             continue
         try:  # a file, or YAML text (a checkpoint's record): text that cannot be a path is never asked as one
             named = len(value) < 4096 and not value.lstrip().startswith("{") and Path(value).is_file()
@@ -85,15 +91,14 @@ def without_data_options(argv: list[str]) -> list[str]:
     return kept
 
 
-def given_arguments(args: list[str], name: str, recipe: Path) -> set[str]:
-    """The arguments of ``model.<name>`` that options and --config files other than the ``recipe`` set."""
+def given_arguments(args: list[str], name: str, configs: list[dict]) -> set[str]:
+    """The arguments of ``model.<name>`` that options and the user's --config files (``configs``) set."""
     pattern = re.compile(rf"^--model(\.init_args)?\.{name}(\.init_args)?\.(\w+)")
     given = {match.group(3) for token in args if (match := pattern.match(token))}
-    pairs = [tuple(token.split("=", 1)) for token in args if "=" in token]
-    for flag, value in [*zip(args, args[1:]), *pairs]:
-        if re.fullmatch(rf"--model(\.init_args)?\.{name}", flag) and value.lstrip().startswith("{"):
+    for value in option_values(args, f"--model.{name}", f"--model.init_args.{name}"):
+        if value.lstrip().startswith("{"):
             given |= set((yaml.safe_load(value) or {}).get("init_args") or {})
-    for config in given_configs(args, skip=recipe):
+    for config in configs:
         model = config.get("model") or {}
         model = model.get("init_args", model) if isinstance(model, dict) else {}
         part = model.get(name) if isinstance(model, dict) else None
@@ -108,19 +113,19 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
     mode its name says, unless one is given."""
     recipe_config = yaml.safe_load(recipe.read_text()) or {}
     recipe_model = (recipe_config.get("model") or {}).get("init_args") or {}
-    model = config.model.init_args
+    model, configs = config.model.init_args, given_configs(args, skip=recipe)
     for name in SWITCHABLE:
         chosen, default = model.get(name), recipe_model.get(name) or {}
         if not isinstance(chosen, Namespace) or chosen.class_path == default.get("class_path"):
             continue
-        given, own = given_arguments(args, name, recipe), inspect.signature(pkgutil.resolve_name(chosen.class_path))
+        given, own = given_arguments(args, name, configs), inspect.signature(pkgutil.resolve_name(chosen.class_path))
         for key, value in (default.get("init_args") or {}).items():
             if key not in given and key in (chosen.get("init_args") or {}) and chosen.init_args[key] == value:
                 chosen.init_args[key] = own.parameters[key].default
     # The recipe's mode is its monitor's (val/acc: max): another metric without a mode would keep the worst epoch.
     checkpoint, monitor = config.get("checkpoint"), (config.get("checkpoint") or {}).get("monitor")
     mode_given = any(token.split("=")[0] == "--checkpoint.mode" for token in args)
-    mode_given |= any("mode" in (each.get("checkpoint") or {}) for each in given_configs(args, skip=recipe))
+    mode_given |= any("mode" in (each.get("checkpoint") or {}) for each in configs)
     if monitor not in (None, (recipe_config.get("checkpoint") or {}).get("monitor")) and not mode_given:
         better = "min" if LOWER.search(monitor) else "max" if HIGHER.search(monitor) else None
         if better is None:
