@@ -177,10 +177,17 @@ def with_default_config(argv: list[str], run: bool) -> list[str]:
     return argv if at is None else [*argv[:at], "--config", str(DEFAULT_CONFIG), *argv[at:]]
 
 
-def recipe_run_name() -> str | None:
-    """The run name (runs/<name>/version_N) the recipe's defaults give."""
-    logger = (yaml.safe_load(DEFAULT_CONFIG.read_text()).get("trainer") or {}).get("logger") or {}
-    return (logger.get("init_args") or {}).get("name")
+def recipe_run_name() -> tuple[str | None, str | None]:
+    """The run name (runs/<name>/version_N) the recipe's defaults give, and the DataModule it names the runs of."""
+    recipe = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    logger = (recipe.get("trainer") or {}).get("logger") or {}
+    return (logger.get("init_args") or {}).get("name"), (recipe.get("data") or {}).get("class_path")
+
+
+def data_run_name(class_path: str) -> str:
+    """A run name for a DataModule's runs: ImageFolderDataModule's are imagefolder, MyPhotos' myphotos."""
+    name = class_path.rpartition(".")[2].removesuffix("DataModule").lower()
+    return name if re.fullmatch(r"[a-z0-9][\w.-]{0,99}", name) else "data"
 
 
 def trained_run_name(ckpt_path: Path) -> str | None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from template.options import recipe_run_name, trained_run_name
+from template.options import data_run_name, recipe_run_name, trained_run_name
 from template.tracking import continue_tracker_runs, resolve_trackers
 
 DEFAULT_RUNS_DIR = "runs"
@@ -29,6 +29,15 @@ def runs_dir(config: Namespace | dict) -> str:
     return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR) if is_tensorboard(logger) else DEFAULT_RUNS_DIR
 
 
+def run_name_of(config: Namespace | dict) -> str | None:
+    """The configured TensorBoard logger's run name; where that is the recipe's (runs/digits) and the data another
+    DataModule, the DataModule's (runs/imagefolder, runs/photos for ``--data my_module.Photos``)."""
+    name = (loggers_of(config)[0].get("init_args") or {}).get("name")
+    data = (config.get("data") or {}).get("class_path")
+    recipe_name, recipe_data = recipe_run_name()
+    return data_run_name(data) if name == recipe_name and isinstance(data, str) and data != recipe_data else name
+
+
 def place_run(
     config: Namespace, run_name: tuple[str, str] | None, resumed: Path | None, ckpt_path: Path | None
 ) -> None:
@@ -40,12 +49,13 @@ def place_run(
     if is_tensorboard(logger):
         # Absolute: a resumed run's ModelCheckpoint then sees the directory it recorded, and restores its best so far.
         logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())
-        if run_name is not None:
-            logger.init_args.name, logger.init_args.version = run_name
         if resumed is not None:  # logs on into the run directory the checkpoint lies in
             logger.init_args.name, logger.init_args.version = resumed.parent.name, resumed.name
-        elif ckpt_path is not None and run_name is None and logger.init_args.name == recipe_run_name():
-            logger.init_args.name = trained_run_name(ckpt_path) or logger.init_args.name
+        elif run_name is not None:
+            logger.init_args.name, logger.init_args.version = run_name
+        else:
+            evaluated = ckpt_path is not None and logger.init_args.name == recipe_run_name()[0]
+            logger.init_args.name = (trained_run_name(ckpt_path) if evaluated else None) or run_name_of(config)
         name, version = logger.init_args.name, logger.init_args.get("version")
         folders = [str(f) for f in (name, f"version_{version}" if type(version) is int else version) if f]
         run = Path(logger.init_args.save_dir, *folders)  # save_dir resolved: a link there is the user's choice

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_image_folder
+from conftest import tiny_args, write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
@@ -300,3 +300,16 @@ def test_a_true_precision_trains_on_inputs_of_its_dtype(run_cli, precision):
     assert (
         next(fitted.model.net.parameters()).dtype == {"bf16-true": torch.bfloat16, "64-true": torch.float64}[precision]
     )
+
+
+def test_runs_of_data_other_than_the_recipes_are_named_after_their_datamodule(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "photos", per_class=4)
+    photos = ["--data", "template.data.ImageFolderDataModule", "--data.root", str(tmp_path / "photos")]
+    for given, name in (
+        ([], "digits"),
+        (photos, "imagefolder"),
+        ([*photos, "--trainer.logger.init_args.name", "x"], "x"),
+    ):
+        built = cli([*tiny_args(tmp_path / "runs"), *given], run=False)
+        assert built.trainer.logger.name == name, given  # not runs/digits for photos

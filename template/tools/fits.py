@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template.callbacks.run_record import run_directory
 from template.cli import cli
-from template.runs import DEFAULT_RUNS_DIR, is_tensorboard, loggers_of, runs_dir
+from template.runs import DEFAULT_RUNS_DIR, is_tensorboard, loggers_of, run_name_of, runs_dir
 
 
 @dataclass
@@ -66,8 +66,7 @@ def runs_place(config: dict) -> tuple[Path, str]:
             "sweep and cv place each run under the TensorBoard logger's save_dir; this configuration's first "
             "logger (trainer.logger) is not lightning.pytorch.loggers.TensorBoardLogger: keep it first"
         )
-    name = (logger.get("init_args") or {}).get("name") or "default"
-    return Path(runs_dir(config) or DEFAULT_RUNS_DIR).resolve(), name
+    return Path(runs_dir(config) or DEFAULT_RUNS_DIR).resolve(), run_name_of(config) or "default"
 
 
 def monitored(config: dict) -> tuple[str, str]:
