@@ -10,6 +10,7 @@ from conftest import tiny_args, write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks import PredictionWriter
+from template.callbacks.predictions import spreadsheet_safe
 from template.cli import cli
 from template.commands import main
 from template.nets import ResNet18
@@ -313,3 +314,10 @@ def test_runs_of_data_other_than_the_recipes_are_named_after_their_datamodule(tm
     ):
         built = cli([*tiny_args(tmp_path / "runs"), *given], run=False)
         assert built.trainer.logger.name == name, given  # not runs/digits for photos
+
+
+def test_names_from_a_file_reach_a_csv_as_text_no_spreadsheet_runs_and_no_terminal_obeys():
+    # A checkpoint's class names, an image's file name: `cat predictions.csv` must not clear or recolour the terminal.
+    assert spreadsheet_safe("\x1b[2J\x1b[31mowl") == "\\x1b[2J\\x1b[31mowl"
+    assert spreadsheet_safe('=HYPERLINK("x")') == '\'=HYPERLINK("x")' and spreadsheet_safe("\t=1") == "\\t=1"
+    assert spreadsheet_safe("chat tigré; 2") == "chat tigré; 2"  # an ordinary name stays as it is

@@ -7,10 +7,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from template.text import shown
 
-def spreadsheet_safe(cell: str) -> str:
-    """``cell`` with a leading apostrophe where a spreadsheet would run it as a formula (CSV injection)."""
-    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@", "\t", "\r") else cell
+
+def spreadsheet_safe(cell: object) -> str:
+    """``cell`` as text no spreadsheet runs (a leading apostrophe before a formula: CSV injection) and no terminal
+    obeys (escape sequences written out: ``cat`` of the file shows them, not their effect): names from a file."""
+    cell = shown(cell, markup=False)
+    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@") else cell
 
 
 class PredictionWriter(BasePredictionWriter):

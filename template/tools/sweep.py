@@ -257,7 +257,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, run_dir])
     # The parameters' names and values are the database's word: in the CSV, neither a formula nor an escape sequence.
     safe = [
-        [cell if isinstance(cell, int | float) else spreadsheet_safe(shown(cell, markup=False)) for cell in row]
+        [cell if isinstance(cell, int | float) else spreadsheet_safe(cell) for cell in row]
         for row in [["trial", "state", monitor, *names, "run_dir"], *rows]
     ]
     text = io.StringIO()
