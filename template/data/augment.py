@@ -1,10 +1,8 @@
 """The one augmentation of every source, on uint8 batches (B, C, H', W') on the device
 (``ImageDataModule.on_after_batch_transfer``), so one config trains one recipe whichever path the images took:
 
-    training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
-                 or centre (H, W) -> random crop (crop_padding, reflect)
-               -> mirror (hflip: at random, or each image on alternate epochs)
-               -> policy (TrivialAugmentWide or RandAugment), on uint8
+    training:  random-resized crop to (H, W) (crop_scale, crop_ratio) or centre (H, W) -> random crop (crop_padding)
+               -> mirror (hflip) -> policy (TrivialAugmentWide or RandAugment), on uint8
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
@@ -70,12 +68,9 @@ def crop_boxes(
     fits = (widths > 0) & (widths <= width) & (heights > 0) & (heights <= height)
     first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first try that fits (argmax: the first maximum)
     found = fits.any(dim=1)
-    if width / height < min(ratio):  # the fallback, as torchvision computes it
-        whole = (round(width / min(ratio)), width)
-    elif width / height > max(ratio):
-        whole = (height, round(height * max(ratio)))
-    else:
-        whole = (height, width)
+    # torchvision's fallback: the largest centre box of an aspect ratio clamped to ``ratio``.
+    clamped = min(max(width / height, min(ratio)), max(ratio))
+    whole = (min(height, round(width / clamped)), min(width, round(height * clamped)))
     heights = torch.where(found, heights.gather(1, first)[:, 0], whole[0]).long()
     widths = torch.where(found, widths.gather(1, first)[:, 0], whole[1]).long()
     position = torch.rand(batch, 2, device=device)
@@ -123,8 +118,8 @@ def random_resized_crop(
 
 
 def per_group(transform: v2.Transform, images: torch.Tensor) -> torch.Tensor:
-    """``transform`` on 16 slices of the batch, each with its own draws: a v2 transform draws once a call.
-    16 groups cover TrivialAugment's 14 operations at a few calls a batch."""
+    """``transform`` on 16 slices of the batch (TrivialAugment's 14 operations covered), each with its own draws:
+    a v2 transform draws once a call."""
     size = -(-len(images) // 16)  # ceil: no empty group
     return torch.cat([transform(group) for group in images.split(size)])
 
@@ -140,9 +135,7 @@ def mix(
     """torchvision's MixUp and/or CutMix (one at random a batch); labels (B,) become probabilities (B, K)."""
     mixers = [mixer(alpha=alpha, num_classes=num_classes)
               for mixer, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]  # fmt: skip
-    if not mixers:
-        return images, labels
-    return v2.RandomChoice(mixers)(images, labels)
+    return v2.RandomChoice(mixers)(images, labels) if mixers else (images, labels)
 
 
 def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
