@@ -248,9 +248,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         labels = pooled.labels.numpy()
         counts = np.bincount(labels, minlength=self.num_classes)
         if counts.min() < self.folds:  # a fold without some class would validate nothing of it
-            smallest = int(counts.argmin())
             raise ValueError(
-                f"data folds={self.folds}: class {self.class_names[smallest]!r} has {counts.min()} training and "
+                f"data folds={self.folds}: class {self.class_names[counts.argmin()]!r} has {counts.min()} training and "
                 f"validation images, fewer than the folds, each of which needs one; use at most {counts.min()} folds"
             )
         seed = getattr(self, "split_seed", 0)  # the sources' seed of their splits, when they have one

@@ -2,12 +2,12 @@
 sizes and times and the resize settings. Files are renamed into place, the JSON record last, so an interrupted
 build is never trusted; a damaged one is named in a warning and rebuilt."""
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
+from contextlib import nullcontext, suppress
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -65,7 +65,7 @@ def cache_key() -> bytes | None:
             with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
                 file.write(os.urandom(KEY_BYTES))
                 os.fsync(file.fileno())  # whole on disk before it is linked into place
-            with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
+            with suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
                 os.link(temporary, path)  # whole or not at all, never replaced
             temporary.unlink()
         if len(key := read_at_most(path, KEY_BYTES)) != KEY_BYTES:
@@ -112,10 +112,7 @@ def decode_all(
     rate = TextColumn("{task.fields[rate]:>8.0f} images/s")
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), rate, TimeRemainingColumn()]
     parallel = workers > 1 and len(tasks) > 64
-    with (
-        Progress(*columns) as progress,
-        get_context("fork").Pool(workers) if parallel else contextlib.nullcontext() as pool,
-    ):
+    with Progress(*columns) as progress, get_context("fork").Pool(workers) if parallel else nullcontext() as pool:
         task = progress.add_task(description, total=len(tasks), rate=0.0)
         # At most 256 a chunk, and 8 chunks a worker, so none idles at the end while another decodes its last.
         chunk = max(1, min(256, len(tasks) // (8 * workers))) if parallel else 1
@@ -145,12 +142,12 @@ def recorded_invalid(path: Path, count: int, values: dict, images: np.ndarray | 
         if record.get(key) != value:
             raise ValueError(f"{path} records the {key} {record.get(key)}, not {value}")
     entries = record.get("invalid")
-    if checksum(images, values | {"invalid": entries}) != record.get("checksum"):
-        raise ValueError(f"{what} does not match the checksum in {path}: changed, or made elsewhere")
     if not isinstance(entries, dict) or not all(
         index.isdigit() and int(index) < count and isinstance(reason, str) for index, reason in entries.items()
     ):
         raise ValueError(f"{path} does not list unreadable files as {{index below {count}: reason}}")
+    if checksum(images, values | {"invalid": entries}) != record.get("checksum"):
+        raise ValueError(f"{what} does not match the checksum in {path}: changed, or made elsewhere")
     return {int(index): reason for index, reason in entries.items()}
 
 
