@@ -142,17 +142,13 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
     """Pad each image by ``padding`` pixels (reflect) and crop it back at a random offset."""
     if padding == 0:
         return images
-    batch, channels, height, width = images.shape
+    batch, _, height, width = images.shape
     padded = F.pad(images, (padding,) * 4, mode="reflect")  # (B, C, H+2p, W+2p), uint8 too
-    # A view of every window of every image, (B, 2p+1, 2p+1, C, H, W): indexing it copies one per image.
-    b_stride, c_stride, h_stride, w_stride = padded.stride()
-    windows = padded.as_strided(
-        (batch, 2 * padding + 1, 2 * padding + 1, channels, height, width),
-        (b_stride, h_stride, w_stride, c_stride, h_stride, w_stride),
-    )
+    # A view of every window of every image, (B, C, 2p+1, 2p+1, H, W): indexing it copies one per image.
+    windows = padded.unfold(2, height, 1).unfold(3, width, 1)
     top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
     left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
-    return windows[torch.arange(batch, device=images.device), top, left]
+    return windows[torch.arange(batch, device=images.device), :, top, left]
 
 
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:

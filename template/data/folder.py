@@ -215,8 +215,7 @@ class ImageFolderDataModule(ImageDataModule):
         """``problems`` and every split's unreadable files (but ``checked``'s) as one message: one round of fixes."""
         for split in [split for split in folders if split != checked and not self.skip_invalid]:
             files = [path for paths in folders[split].values() for path in paths]
-            invalid = load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
-            if invalid:
+            if invalid := load_or_check(files, self.mode, self.cache_dir, self.num_workers, split):
                 problems.append(describe(named(files, invalid), f"unreadable file(s) in {self.root / split}"))
         return (
             problems[0] if len(problems) == 1 else f"{len(problems)} problems in {self.root}:\n" + "\n".join(problems)
