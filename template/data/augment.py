@@ -1,10 +1,8 @@
 """The one augmentation of every source, on uint8 batches (B, C, H', W') on the device
 (``ImageDataModule.on_after_batch_transfer``), so one config trains one recipe whichever path the images took:
 
-    training:  random-resized crop to (H, W) (crop_scale, crop_ratio)
-                 or centre (H, W) -> random crop (crop_padding, reflect)
-               -> mirror (hflip: at random, or each image on alternate epochs)
-               -> policy (TrivialAugmentWide or RandAugment), on uint8
+    training:  random-resized crop to (H, W) (crop_scale, crop_ratio) or centre (H, W) -> random crop (crop_padding)
+               -> mirror (hflip) -> policy (TrivialAugmentWide or RandAugment), on uint8
                -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
     otherwise: centre (H, W) -> normalise
 
@@ -70,12 +68,9 @@ def crop_boxes(
     fits = (widths > 0) & (widths <= width) & (heights > 0) & (heights <= height)
     first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # the first try that fits (argmax: the first maximum)
     found = fits.any(dim=1)
-    if width / height < min(ratio):  # the fallback, as torchvision computes it
-        whole = (round(width / min(ratio)), width)
-    elif width / height > max(ratio):
-        whole = (height, round(height * max(ratio)))
-    else:
-        whole = (height, width)
+    # torchvision's fallback: the largest centre box of an aspect ratio clamped to ``ratio``.
+    clamped = min(max(width / height, min(ratio)), max(ratio))
+    whole = (min(height, round(width / clamped)), min(width, round(height * clamped)))
     heights = torch.where(found, heights.gather(1, first)[:, 0], whole[0]).long()
     widths = torch.where(found, widths.gather(1, first)[:, 0], whole[1]).long()
     position = torch.rand(batch, 2, device=device)
@@ -123,8 +118,8 @@ def random_resized_crop(
 
 
 def per_group(transform: v2.Transform, images: torch.Tensor) -> torch.Tensor:
-    """``transform`` on 16 slices of the batch, each with its own draws: a v2 transform draws once a call.
-    16 groups cover TrivialAugment's 14 operations at a few calls a batch."""
+    """``transform`` on 16 slices of the batch (TrivialAugment's 14 operations covered), each with its own draws:
+    a v2 transform draws once a call."""
     size = -(-len(images) // 16)  # ceil: no empty group
     return torch.cat([transform(group) for group in images.split(size)])
 
@@ -140,26 +135,20 @@ def mix(
     """torchvision's MixUp and/or CutMix (one at random a batch); labels (B,) become probabilities (B, K)."""
     mixers = [mixer(alpha=alpha, num_classes=num_classes)
               for mixer, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]  # fmt: skip
-    if not mixers:
-        return images, labels
-    return v2.RandomChoice(mixers)(images, labels)
+    return v2.RandomChoice(mixers)(images, labels) if mixers else (images, labels)
 
 
 def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
     """Pad each image by ``padding`` pixels (reflect) and crop it back at a random offset."""
     if padding == 0:
         return images
-    batch, channels, height, width = images.shape
+    batch, _, height, width = images.shape
     padded = F.pad(images, (padding,) * 4, mode="reflect")  # (B, C, H+2p, W+2p), uint8 too
-    # A view of every window of every image, (B, 2p+1, 2p+1, C, H, W): indexing it copies one per image.
-    b_stride, c_stride, h_stride, w_stride = padded.stride()
-    windows = padded.as_strided(
-        (batch, 2 * padding + 1, 2 * padding + 1, channels, height, width),
-        (b_stride, h_stride, w_stride, c_stride, h_stride, w_stride),
-    )
+    # A view of every window of every image, (B, C, 2p+1, 2p+1, H, W): indexing it copies one per image.
+    windows = padded.unfold(2, height, 1).unfold(3, width, 1)
     top = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
     left = torch.randint(0, 2 * padding + 1, (batch,), device=images.device)
-    return windows[torch.arange(batch, device=images.device), top, left]
+    return windows[torch.arange(batch, device=images.device), :, top, left]
 
 
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:

@@ -40,12 +40,11 @@ def stratified_split(
         raise ValueError(f"{given or f'split fractions {list(fractions)}'}: each must be above 0, all below 1 together")
     found, counts = np.unique(labels, return_counts=True)
     named = [repr(classes[label]) if 0 <= label < len(classes) else str(label) for label in found]
-    for fraction in fractions:
-        if round(fraction * len(labels)) < len(found):
-            raise ValueError(
-                f"a split of {fraction} of {len(labels)} images holds {round(fraction * len(labels))}, fewer "
-                f"than the {len(found)} classes it must each contain; raise the fraction or add images"
-            )
+    if (least := round(min(fractions) * len(labels))) < len(found):
+        raise ValueError(
+            f"a split of {min(fractions)} of {len(labels)} images holds {least}, fewer than the {len(found)} "
+            "classes it must each contain; raise the fraction or add images"
+        )
     if counts.min() < 2:  # what a stratified split needs at the least
         raise ValueError(
             f"class {named[counts.argmin()]} has {counts.min()} image: a split that keeps every class needs at "
@@ -68,6 +67,12 @@ def stratified_split(
                 "leaves the class out; add images of it, or raise the fraction"
             )
     return [np.sort(remaining), *parts]
+
+
+def split_named(labels: np.ndarray, fractions: dict[str, float], seed: int, classes=()) -> dict[str, np.ndarray]:
+    """``stratified_split`` by name: {"train": the remainder, and each split of ``fractions`` ({split: share})}."""
+    names = [f"{split}_fraction" for split in fractions]
+    return dict(zip(["train", *fractions], stratified_split(labels, list(fractions.values()), seed, names, classes)))
 
 
 def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -243,9 +248,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         labels = pooled.labels.numpy()
         counts = np.bincount(labels, minlength=self.num_classes)
         if counts.min() < self.folds:  # a fold without some class would validate nothing of it
-            smallest = int(counts.argmin())
             raise ValueError(
-                f"data folds={self.folds}: class {self.class_names[smallest]!r} has {counts.min()} training and "
+                f"data folds={self.folds}: class {self.class_names[counts.argmin()]!r} has {counts.min()} training and "
                 f"validation images, fewer than the folds, each of which needs one; use at most {counts.min()} folds"
             )
         seed = getattr(self, "split_seed", 0)  # the sources' seed of their splits, when they have one

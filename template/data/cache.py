@@ -2,13 +2,12 @@
 sizes and times and the resize settings. Files are renamed into place, the JSON record last, so an interrupted
 build is never trusted; a damaged one is named in a warning and rebuilt."""
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def cache_key() -> bytes | None:
             with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
                 file.write(os.urandom(KEY_BYTES))
                 os.fsync(file.fileno())  # whole on disk before it is linked into place
-            with contextlib.suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
+            with suppress(FileExistsError):  # another process (a DDP rank) made it first: theirs
                 os.link(temporary, path)  # whole or not at all, never replaced
             temporary.unlink()
         if len(key := read_at_most(path, KEY_BYTES)) != KEY_BYTES:
@@ -135,21 +134,31 @@ def read_record(path: Path, files: int) -> dict:
     return record
 
 
-def invalid_files(entries: object, count: int, path: Path) -> dict[int, str]:
-    """The {index: reason} of unreadable files recorded in ``path``, checked against ``count``."""
+def recorded_invalid(path: Path, count: int, values: dict, images: np.ndarray | None, what: str) -> dict[int, str]:
+    """The unreadable files ({index: reason}) of ``count`` that the record ``path`` lists, once it holds ``values``
+    and its checksum matches them and ``images`` (``what``, named if not); ValueError says which is wrong."""
+    record = read_record(path, count)
+    for key, value in values.items():  # a missing key reads as None: refused like a wrong value
+        if record.get(key) != value:
+            raise ValueError(f"{path} records the {key} {record.get(key)}, not {value}")
+    entries = record.get("invalid")
     if not isinstance(entries, dict) or not all(
         index.isdigit() and int(index) < count and isinstance(reason, str) for index, reason in entries.items()
     ):
         raise ValueError(f"{path} does not list unreadable files as {{index below {count}: reason}}")
+    if checksum(images, values | {"invalid": entries}) != record.get("checksum"):
+        raise ValueError(f"{what} does not match the checksum in {path}: changed, or made elsewhere")
     return {int(index): reason for index, reason in entries.items()}
+
+
+def write_record(path: Path, values: dict, images: np.ndarray | None, invalid: dict[int, str], **extra) -> None:
+    """The record ``recorded_invalid`` reads: ``values``, ``invalid`` and their checksum (with ``images``)."""
+    values = values | {"invalid": {str(index): reason for index, reason in invalid.items()}}
+    write_atomic(path, json.dumps(values | {"checksum": checksum(images, values)} | extra))
 
 
 def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, str]]:
     """The cached array and its unreadable files, each checked; ValueError says which is wrong and how."""
-    record = read_record(record_path, shape[0])
-    if record.get("shape") != list(shape):  # a missing key reads as None: refused like a wrong value
-        raise ValueError(f"{record_path} records the shape {record.get('shape')}, not {list(shape)}")
-    invalid = invalid_files(record.get("invalid"), shape[0], record_path)
     try:
         if not array_path.is_file():
             raise OSError(f"{array_path} is no regular file")
@@ -158,9 +167,7 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
         raise ValueError(f"{array_path} is unreadable ({type(error).__name__}: {error})") from error
     if images.shape != shape or images.dtype != np.uint8:
         raise ValueError(f"{array_path} holds {images.dtype} {list(images.shape)}, not uint8 {list(shape)}")
-    if checksum(images, {"shape": list(shape), "invalid": record["invalid"]}) != record.get("checksum"):
-        raise ValueError(f"{array_path} does not match the checksum in {record_path}: changed, or made elsewhere")
-    return images, invalid
+    return images, recorded_invalid(record_path, shape[0], {"shape": list(shape)}, images, str(array_path))
 
 
 def load_or_build(
@@ -201,12 +208,9 @@ def load_or_build(
                 images[index] = array
             else:
                 invalid[index] = error
-        digest = checksum(images, {"shape": list(shape), "invalid": {str(i): reason for i, reason in invalid.items()}})
         images.flush()
-        del images
     # The record goes last: only an array with a record is ever trusted.
-    record = {"shape": list(shape), "checksum": digest, "files": [str(path) for path in files], "invalid": invalid}
-    write_atomic(record_path, json.dumps(record))
+    write_record(record_path, {"shape": list(shape)}, images, invalid, files=[str(path) for path in files])
     size_mb = array_path.stat().st_size / 1e6
     print(f"cached {len(files)} images of {name} in {array_path} ({size_mb:.1f} MB); later runs open it at once")
     return np.load(array_path, mmap_mode="r"), invalid
@@ -215,19 +219,14 @@ def load_or_build(
 def load_or_check(files: list[Path], mode: str, cache_dir: Path, workers: int, name: str) -> dict[int, str]:
     """The unreadable ``files`` ({index: reason}) for streaming: each decoded once, recorded like the cache."""
     record = cache_dir / f"{name}-{fingerprint(files, {'check': mode})}.check.json"
-    if cache_key() is None:  # no record can be trusted, nor written for later
-        return {i: error for i, _, error in decode_all(files, (8, 8), mode, workers, f"checking {name}") if error}
-    if record.exists():
+    keyed = cache_key() is not None  # else no record can be trusted, nor written for later
+    if keyed and record.exists():
         try:
-            recorded = read_record(record, len(files))
-            if checksum(None, {"invalid": recorded.get("invalid")}) != recorded.get("checksum"):
-                raise ValueError(f"{record} does not match its checksum: changed, or made elsewhere")
-            return invalid_files(recorded["invalid"], len(files), record)
+            return recorded_invalid(record, len(files), {}, None, "the list of unreadable files")
         except ValueError as damage:
             rank_zero_warn(f"the check record of {name} is damaged, so the files are checked again: {damage}")
     description = f"checking {name} ({len(files)} files)"
     invalid = {i: error for i, _, error in decode_all(files, (8, 8), mode, workers, description) if error}
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    listed = {str(index): reason for index, reason in invalid.items()}
-    write_atomic(record, json.dumps({"invalid": listed, "checksum": checksum(None, {"invalid": listed})}))
+    if keyed:
+        write_record(record, {}, None, invalid)
     return invalid

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from template.data.augment import Flip
-from template.data.base import ImageDataModule, Split, stratified_split
+from template.data.base import ImageDataModule, Split, split_named
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{index}" for index in range(1, 6)]
@@ -125,6 +125,5 @@ class CIFAR10DataModule(ImageDataModule):
         if self._train is None:
             self._train = read_batches(folder, TRAIN_FILES)
         images, labels = self._train
-        train, val = stratified_split(labels.numpy(), [self.val_fraction], self.split_seed, ["val_fraction"])
-        index = torch.from_numpy(train if split == "train" else val)
+        index = torch.from_numpy(split_named(labels.numpy(), {"val": self.val_fraction}, self.split_seed)[split])
         return images[index], labels[index]

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from template.data.base import ImageDataModule, Split, stratified_split
+from template.data.base import ImageDataModule, Split, split_named
 
 
 class DigitsDataModule(ImageDataModule):
@@ -42,14 +42,9 @@ class DigitsDataModule(ImageDataModule):
             digits = load_digits()  # pixel values 0..16, scaled to the uint8 every source gives: (N, 1, 8, 8)
             self._images = torch.from_numpy(np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None])
             self._labels = torch.from_numpy(digits.target).long()
-            train, val, test = stratified_split(
-                digits.target,
-                [self.val_fraction, self.test_fraction],
-                self.split_seed,
-                ["val_fraction", "test_fraction"],
-            )
-            self.split_indices = {"train": train, "val": val, "test": test}
+            fractions = {"val": self.val_fraction, "test": self.test_fraction}
+            self.split_indices = split_named(digits.target, fractions, self.split_seed)
             # predict serves the test split; name each row by its index in load_digits().
-            self.predict_ids = [f"digits[{index}]" for index in test]
+            self.predict_ids = [f"digits[{index}]" for index in self.split_indices["test"]]
         index = torch.from_numpy(self.split_indices["test" if split == "predict" else split])
         return self._images[index], self._labels[index]

@@ -10,8 +10,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 
 from template.data.augment import Flip, channel_stats
-from template.data.base import ImageDataModule, Split, image_size_pair, stratified_split
-from template.data.cache import CacheTooLarge, CacheUnavailable, decode, load_or_build, load_or_check
+from template.data.base import ImageDataModule, Split, image_size_pair, split_named
+from template.data.cache import CacheTooLarge, CacheUnavailable, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
 from template.text import shown
@@ -203,8 +203,7 @@ class ImageFolderDataModule(ImageDataModule):
             problems.append(describe(empty, "empty class folder(s); remove them or add images"))
         known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")
         for split in ("val", "test"):
-            unknown = sorted(set(folders.get(split, {})) - known)
-            if unknown:
+            if unknown := sorted(set(folders.get(split, {})) - known):
                 problems.append(
                     f"{split}/ has class folder(s) that {lacking} lacks: {', '.join(unknown)}; add or remove them"
                 )
@@ -216,8 +215,7 @@ class ImageFolderDataModule(ImageDataModule):
         """``problems`` and every split's unreadable files (but ``checked``'s) as one message: one round of fixes."""
         for split in [split for split in folders if split != checked and not self.skip_invalid]:
             files = [path for paths in folders[split].values() for path in paths]
-            invalid = load_or_check(files, self.mode, self.cache_dir, self.num_workers, split)
-            if invalid:
+            if invalid := load_or_check(files, self.mode, self.cache_dir, self.num_workers, split):
                 problems.append(describe(named(files, invalid), f"unreadable file(s) in {self.root / split}"))
         return (
             problems[0] if len(problems) == 1 else f"{len(problems)} problems in {self.root}:\n" + "\n".join(problems)
@@ -256,8 +254,7 @@ class ImageFolderDataModule(ImageDataModule):
         if invalid:
             rank_zero_warn(describe(named(files, invalid), f"unreadable file(s) left out of {split} (skip_invalid)"))
             kept = set(labels[keep].tolist())
-            lost = [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]
-            if lost:
+            if lost := [name for name in self.folders.get(split, {}) if self.class_names.index(name) not in kept]:
                 where = [f"{name} ({self.root / split / name})" for name in lost]
                 what = f"class(es) in {split}/ with no readable image left (skip_invalid)"
                 raise ValueError(
@@ -268,7 +265,17 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _files(self, split: str) -> tuple[list[Path], np.ndarray]:
         if split == "predict":
-            files = self._predict_files()
+            if self.predict_path is None:
+                raise ValueError("predict needs images: set data.init_args.predict_path to a folder or a list of files")
+            files = []
+            for path in map(Path, [self.predict_path] if isinstance(self.predict_path, str) else self.predict_path):
+                if not path.is_dir() and not path.is_file():
+                    raise FileNotFoundError(
+                        f"data.predict_path: {path} does not exist; set it to a folder or image files"
+                    )
+                if not (found := list_files(path) if path.is_dir() else [path]):
+                    raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
+                files += found
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if self.root is None:
             raise FileNotFoundError(  # a split drawn from train/ asks for train's: the folder is the answer
@@ -284,20 +291,6 @@ class ImageFolderDataModule(ImageDataModule):
         labels = [self.class_names.index(name) for name in sorted(classes) for _ in classes[name]]
         return files, np.array(labels, dtype=np.int64)
 
-    def _predict_files(self) -> list[Path]:
-        if self.predict_path is None:
-            raise ValueError("predict needs images: set data.init_args.predict_path to a folder or a list of files")
-        paths = [self.predict_path] if isinstance(self.predict_path, str) else self.predict_path
-        files = []
-        for path in map(Path, paths):
-            if not path.is_dir() and not path.is_file():
-                raise FileNotFoundError(f"data.predict_path: {path} does not exist; set it to a folder or image files")
-            found = list_files(path) if path.is_dir() else [path]
-            if not found:
-                raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
-            files += found
-        return files
-
     def load_split(self, split: str) -> Split:
         """uint8 images (cached path) or None (streaming), and labels; records the files used."""
         held_out = {"val": self.val_fraction} if "val" not in self.folders else {}
@@ -306,17 +299,11 @@ class ImageFolderDataModule(ImageDataModule):
         source = "train" if split in held_out else split
         files, labels, keep, cached = self._source(source)
         if source == "train" and held_out:  # one stratified split of train/, whichever part is asked for
-            parts = stratified_split(
-                labels[keep],
-                list(held_out.values()),
-                self.split_seed,
-                [f"{name}_fraction" for name in held_out],
-                self.class_names,
-            )
+            parts = split_named(labels[keep], held_out, self.split_seed, self.class_names)
             names = [str(files[index].relative_to(self.root)) for index in keep]
-            for name, part in zip(["train", *held_out], parts):
+            for name, part in parts.items():
                 self.drawn[name] = hashlib.sha256("\n".join(sorted(names[i] for i in part)).encode()).hexdigest()
-            keep = keep[parts[0 if split == "train" else 1 + list(held_out).index(split)]]
+            keep = keep[parts[split]]
         self.split_files[split] = [files[index] for index in keep]
         if split == "predict":
             self.predict_ids = [str(path) for path in self.split_files[split]]
@@ -330,9 +317,8 @@ class ImageFolderDataModule(ImageDataModule):
         return super().state_dict() | ({"drawn_splits": dict(self.drawn), "drawn_by": drawn_by} if self.drawn else {})
 
     def load_state_dict(self, state: dict) -> None:
-        """Refuse to score held-out images a checkpoint's run may have trained on: splits drawn again from a train/
-        that has changed since (images added, removed, renamed; another split_seed or fraction) mix the two; resumed,
-        warn."""
+        """Refuse to score held-out images the checkpoint's run may have trained on (splits drawn again from a train/
+        changed since, or with another split_seed or fraction); resumed, warn."""
         super().load_state_dict(state)
         recorded = state.get("drawn_splits") if isinstance(state.get("drawn_splits"), dict) else {}
         moved = [
@@ -345,17 +331,15 @@ class ImageFolderDataModule(ImageDataModule):
                 for name in DRAWN_BY
                 if name in drawn_by and drawn_by[name] != getattr(self, name)
             )
-            if not cause:
-                cause = "images added, removed or renamed since"
-                cause += "" if drawn_by else ", or another split_seed, val_fraction or test_fraction"
+            unknown = "" if drawn_by else ", or another split_seed, val_fraction or test_fraction"
+            cause = cause or f"images added, removed or renamed since{unknown}"
             why = (
                 f"the {' and '.join(moved)} images drawn from {self.root}/train are not the ones the checkpoint's run "
                 f"held out ({cause}), so they mix with images it trained on; use the files and options it was trained "
                 "with, or keep held-out images in val/ and test/ folders"
             )
             stage = self.trainer.state.fn if self.trainer is not None else None
-            scored = "val" if stage == "validate" else "test" if stage == "test" else None
-            if scored in moved:
+            if {"validate": "val", "test": "test"}.get(stage) in moved:  # the split it scores
                 raise ValueError(f"{why}: its scores would count images it has seen")
             rank_zero_warn(why)
 
@@ -374,9 +358,6 @@ class ImageFolderDataModule(ImageDataModule):
             return self.given_stats
         if isinstance(self.datasets["train"], TensorImageDataset):
             return super().normalization()
-        # Streaming: from an even sample of up to 2,000 training images, as stored (resize_size).
-        files = self.datasets["train"].files  # this fold's, under k-fold cross-validation
-        sample = files[:: max(1, len(files) // 2000)]
-        return channel_stats(
-            torch.from_numpy(np.stack([decode(p, self.resize_size, self.mode, self.interpolation) for p in sample]))
-        )
+        # Streaming: from an even sample of up to 2,000 training images (this fold's, with folds), as stored.
+        dataset = self.datasets["train"]
+        return channel_stats(dataset.__getitems__(list(range(0, len(dataset), max(1, len(dataset) // 2000))))[0])
