@@ -52,6 +52,17 @@ def test_a_doctored_batch_file_is_refused_not_run(tmp_path):
     assert not marker.exists()
 
 
+def test_a_batch_file_asking_for_memory_it_does_not_hold_is_refused_before_it_is_allocated(tmp_path):
+    root = write_cifar(tmp_path)
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's own array reconstructor
+    for shape, dtype in (((1 << 40,), np.dtype("O")), ((1 << 40,), np.dtype(np.uint8)), ((0,), np.dtype("O"))):
+        bomb = type("Bomb", (), {"__reduce__": lambda self, s=shape, d=dtype: (reconstruct, (np.ndarray, s, d))})
+        with (root / FOLDER / "test_batch").open("wb") as file:
+            pickle.dump({"data": bomb(), "labels": []}, file)  # a few bytes asking for a terabyte
+        with pytest.raises(pickle.UnpicklingError, match="refusing an array of"):
+            CIFAR10DataModule(root=str(root)).setup("test")
+
+
 @pytest.mark.parametrize(
     "key, value",
     [
