@@ -14,11 +14,13 @@ The search space, a YAML file whose keys are the options of ``template fit``::
 """
 
 import argparse
+import contextlib
 import csv
 import io
 import math
 import random
 import re
+import sqlite3
 import sys
 import time
 import warnings
@@ -139,9 +141,29 @@ def checked_params(trial, space: dict[str, dict], source: str, error: type[Excep
     return params
 
 
+def check_database(path: Path, storage_url: str) -> None:
+    """Refuse a SQLite study file that holds SQL of its author's: a view or trigger runs inside Optuna's own queries
+    (a recursive one never ends), a virtual table runs a module's code. Optuna makes tables and indices only."""
+    if not path.is_file():
+        return
+    query = "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') OR sql LIKE 'CREATE VIRTUAL%'"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
+            found = database.execute(query).fetchall()
+    except sqlite3.DatabaseError as error:
+        raise ValueError(f"--storage {storage_url}: not a readable SQLite database ({error})") from None
+    if found:
+        held = ", ".join(f"{kind} {name!r}" for kind, name in found[:3])
+        raise ValueError(
+            f"refusing --storage {storage_url}: it holds {held}, which no Optuna study makes (its SQL would run inside "
+            "every query); use a study database Optuna made, or another --storage"
+        )
+
+
 def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
     if storage_url.startswith("sqlite:///"):
         Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        check_database(Path(storage_url.removeprefix("sqlite:///").partition("?")[0]), storage_url)
     # SQLite lets one writer in at a time; the others wait for it rather than fail at once.
     engine_kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
     for attempt in range(STORAGE_TRIES):

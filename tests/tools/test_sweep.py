@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -201,6 +202,26 @@ def test_a_storage_url_that_cannot_be_opened_is_named_with_what_to_give(tmp_path
         main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--storage", "nosuchdb://host/optuna"])
     err = capsys.readouterr().err
     assert "--storage nosuchdb://host/optuna: " in err and "give a database URL SQLAlchemy knows" in err
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "CREATE VIEW never AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT x FROM r",
+        "CREATE TRIGGER on_trial AFTER INSERT ON trials BEGIN DELETE FROM studies; END",
+    ],
+)
+def test_a_study_database_holding_sql_of_its_own_is_refused_before_optuna_queries_it(
+    tmp_path, monkeypatch, capsys, planted
+):
+    started_study(tmp_path, monkeypatch)
+    with sqlite3.connect(tmp_path / "runs" / "optuna.db") as database:
+        if "VIEW" in planted:  # Optuna's first query, of its schema's version: a view that never ends
+            database.execute("DROP TABLE alembic_version")
+        database.execute(planted.replace("never", "alembic_version"))
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
+    assert "refusing --storage sqlite:///" in capsys.readouterr().err
 
 
 def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_formulas(tmp_path, monkeypatch, capsys):
