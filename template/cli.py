@@ -75,7 +75,14 @@ class ClassificationCLI(LightningCLI):
             self.restored = for_command(ckpt_path, self.config[subcommand], self.model_class, subcommand, args)
             # JSON (YAML whose strings are always quoted): a class named "1e3" stays a string.
             args = options.with_record(args, subcommand, json.dumps(self.restored.config))
-            super().parse_arguments(parser, args)
+            try:
+                super().parse_arguments(parser, args)
+            except SystemExit:  # an option's value it refuses may be the checkpoint's, not one given
+                print(
+                    f"(options read over the record of {self.restored.path}, which set those not given)",
+                    file=sys.stderr,
+                )
+                raise
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:
             super().parse_arguments(parser, args)  # no subcommand, no checkpoint: as given
