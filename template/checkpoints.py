@@ -5,6 +5,7 @@ import contextlib
 import errno
 import hashlib
 import io
+import itertools
 import os
 import pickle
 import stat
@@ -50,9 +51,8 @@ class DamagedCheckpointError(CheckpointError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer with what its save lacks (its temporary file, in the system's folder, is a
-    copy a kill can leave half done): the temporary file beside the target, never a followed link, fsynced before
-    the rename; a failed write says why, the previous file intact; dead writers' files removed; a digest."""
+    """Lightning's checkpoint writer, whose save a kill can leave half done, written as ``replaced_atomically`` does;
+    a failed write says why, the previous file intact; dead writers' files removed; a digest of the tensors."""
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -167,7 +167,7 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
             )
     if "state_dict" not in checkpoint:
         raise DamagedCheckpointError(f"{path} is malformed: a Lightning checkpoint without a state_dict (no weights)")
-    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in checkpoint["state_dict"].items()):
+    if not named_tensors(checkpoint["state_dict"]):
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
     check_finite(checkpoint["state_dict"], path)
     if tensors:
@@ -223,28 +223,38 @@ def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path}: {'not a regular file' if path.exists() else 'no such file'}")
-    what = not_torch_saved(path)  # by its bytes: a safetensors file may be called weights.bin
-    if what not in (None, "a safetensors file"):
+    safe = (what := not_torch_saved(path)) == "a safetensors file"  # by its bytes: it may be called weights.bin
+    if what is not None and not safe:
         raise DamagedCheckpointError(
             f"{path} is {what}, no weights file: save a state_dict with torch.save or safetensors"
         )
-    if what == "a safetensors file":
-        check_size(path.stat().st_size, limit, path)  # safetensors refuses tensors that do not cover the file exactly
-        try:
-            state_dict = safetensors.torch.load_file(path)
-        except (OSError, safetensors.SafetensorError) as error:
-            raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
+    if safe:
+        declared = path.stat().st_size  # safetensors refuses tensors that do not cover the file exactly
     else:
         checkpoint = load_checkpoint(path, tensors=False)  # memory-mapped: nothing read yet
         state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
-        if not state_dict or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
+        if not (state_dict and named_tensors(state_dict)):
             raise DamagedCheckpointError(
                 f"{path} holds no state_dict of named tensors: save one with torch.save(net.state_dict(), path), "
                 "or safetensors.torch.save_file"
             )
-        check_size(sum(tensor.numel() * tensor.element_size() for tensor in state_dict.values()), limit, path)
+        declared = sum(tensor.numel() * tensor.element_size() for tensor in state_dict.values())
+    if declared > limit:
+        raise DamagedCheckpointError(
+            f"refusing {path}: its tensors take {declared / 2**20:,.0f} MiB, more than the network could take "
+            f"({limit / 2**20:,.0f} MiB): the weights of another, larger network, or a damaged file"
+        )
+    if safe:
+        try:
+            state_dict = safetensors.torch.load_file(path)
+        except (OSError, safetensors.SafetensorError) as error:
+            raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
     check_finite(state_dict, path)
     return state_dict
+
+
+def named_tensors(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items())
 
 
 def check_finite(state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
@@ -252,14 +262,6 @@ def check_finite(state_dict: dict[str, torch.Tensor], source: str | Path) -> Non
         raise DamagedCheckpointError(
             f"refusing {source}: its {broken[0]} holds NaN or infinite values ({len(broken)} of {len(state_dict)} "
             "tensors are not finite): a run that diverged, or a damaged file; use an earlier checkpoint"
-        )
-
-
-def check_size(declared: int, limit: int, path: Path) -> None:
-    if declared > limit:
-        raise DamagedCheckpointError(
-            f"refusing {path}: its tensors take {declared / 2**20:,.0f} MiB, more than the network could take "
-            f"({limit / 2**20:,.0f} MiB): the weights of another, larger network, or a damaged file"
         )
 
 
@@ -274,27 +276,25 @@ def weights_limit(net: nn.Module) -> int:
 
 
 def check_values(value: Any, source: str) -> None:
-    """Refuse what would cost more than its bytes or break what reads it: values nested past MAX_DEPTH, more than
-    MAX_TENSORS tensors, one that claims more values than its file stores (``expand``'s zero strides, a sparse
-    layout: a few bytes would become gigabytes when copied, hashed or loaded), a whole number no count, index or seed
-    is (RECORDS)."""
-    count, lightning = 0, isinstance(value, dict) and "pytorch-lightning_version" in value  # others' numbers unread
-    claimed, storages = 0, {}
+    """Refuse what would cost more than its bytes or break what reads it: values nested past MAX_DEPTH, over MAX_TENSORS
+    tensors, one that claims more values than its file stores (``expand``'s zero strides, a sparse layout: a few
+    bytes would become gigabytes when copied, hashed or loaded), a whole number no count, index or seed is."""
+    lightning = isinstance(value, dict) and "pytorch-lightning_version" in value  # others' numbers unread
+    claims, storages = [], {}  # the bytes of each tensor, and of each storage they are views of
     for key, item in _leaves(value, source):
         if isinstance(item, torch.Tensor):
-            count += 1
-            if count > MAX_TENSORS:
+            if len(claims) >= MAX_TENSORS:
                 raise DamagedCheckpointError(f"refusing {source}: it holds more than {MAX_TENSORS:,} tensors")
             if item.device.type != "cpu":  # torch.load maps a GPU's to the CPU: the meta device's hold no values
                 raise DamagedCheckpointError(f"refusing {source}: its tensor {spoken(key)} holds no values (meta)")
             stored = item.untyped_storage().nbytes() if item.layout == torch.strided else 0
-            if item.numel() * item.element_size() > stored:
+            claims.append(item.numel() * item.element_size())
+            if claims[-1] > stored:
                 raise DamagedCheckpointError(
                     f"refusing {source}: its tensor {spoken(key) or 'at the top'} {tuple(item.shape)} claims more "
                     "values than the file stores for it (an expanded or sparse tensor); a checkpoint's tensors are dense"
                 )
-            if item.layout == torch.strided:  # a sparse tensor has no storage to ask of (refused above unless empty)
-                claimed += item.numel() * item.element_size()
+            if stored:  # a sparse tensor has no storage to ask of (refused above unless empty)
                 storages[item.untyped_storage().data_ptr()] = stored
         elif lightning and type(item) is int and not (-MAX_COUNT if key.startswith(RECORDS) else 0) <= item < MAX_COUNT:
             low = "-2**32" if key.startswith(RECORDS) else "0"
@@ -303,7 +303,7 @@ def check_values(value: Any, source: str) -> None:
                 "damaged or made up; use another checkpoint"
             )
     # Views of one storage pass one by one, and each is hashed and checked in full: tied weights share a few times.
-    if claimed > MAX_VIEWS_SHARE * sum(storages.values()) + (64 << 20):
+    if (claimed := sum(claims)) > MAX_VIEWS_SHARE * sum(storages.values()) + (64 << 20):
         raise DamagedCheckpointError(
             f"refusing {source}: its tensors are views of {sum(storages.values()):,} bytes that add up to {claimed:,} "
             f"bytes (over {MAX_VIEWS_SHARE} times): reading them would take time out of all proportion to the file"
@@ -327,8 +327,7 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
             f"{'; '.join(found) or 'no tensor in common'}. "
             "Give the weights of the same architecture as model.net, or choose the network they belong to"
         )
-    loaded = len(in_common) - len(mismatched)
-    print(f"weights_file {path}: {loaded} of {len(net.state_dict())} tensors loaded")
+    print(f"weights_file {path}: {len(in_common) - len(mismatched)} of {len(net.state_dict())} tensors loaded")
     load_weights(net, stripped, strict=False)
     if mismatched or missing:
         print(f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
@@ -336,8 +335,8 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was
-    written last (a `validate` or `test` run, which writes no checkpoints, never hides the run it evaluated); its
-    last is the newer of the two: a run pre-empted within an epoch resumes from where it stopped."""
+    written last (a `validate` run, which writes none, never hides the run it evaluated); its last is the newer of
+    the two: a run pre-empted within an epoch resumes from where it stopped."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
@@ -348,19 +347,18 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
                 (future if status.st_mtime > now + 60 else lasts).append((status.st_mtime, path))
     if future:  # a copy that kept its author's clock (tar does) must not pass for this machine's latest run
         rank_zero_warn(f"--ckpt_path {alias}: passing over {', '.join(str(p) for _, p in future)}, dated in the future")
-    lasts = [path for _, path in sorted(lasts)]
     if not lasts:
         raise FileNotFoundError(
             f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve()}; "
             f"train one with `{__package__} fit` first, or pass the path of a .ckpt file"
         )
-    checkpoint_dir = lasts[-1].parent
     if alias == "last":
-        return lasts[-1]
+        return max(lasts)[1]
     # Any name checkpoint.filename gives (best-epoch003.ckpt, ep3-0.91.ckpt), but the latest states'.
+    checkpoint_dir = max(lasts)[1].parent
     found = [*checkpoint_dir.glob("*.ckpt"), *checkpoint_dir.glob("*/*.ckpt")]  # a "/" in a metric's name: a folder
     kept = [path for path in found if path.is_file() and path.stem not in ("last", "preempted")]
-    bests = [(score, path.stat().st_mtime, path) for path in kept if (score := monitored_score(path))[0]]
+    bests = [(score, path.stat().st_mtime, path) for path in kept if (score := monitored_score(path)) is not None]
     if not bests:
         raise FileNotFoundError(
             f"--ckpt_path best: {checkpoint_dir} holds no best checkpoint (none records a monitored metric)"
@@ -369,8 +367,8 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     return max(bests)[2]
 
 
-def monitored_score(path: Path) -> tuple[bool, float]:
-    """(found, score, higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored."""
+def monitored_score(path: Path) -> float | None:
+    """The score (higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored, if it has one."""
     check_checkpoint_is_safe(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     for name, state in (checkpoint.get("callbacks") or {}).items():
@@ -378,18 +376,17 @@ def monitored_score(path: Path) -> tuple[bool, float]:
             score = state.get("current_score")
             score = torch.as_tensor(score) if isinstance(score, torch.Tensor | float | int) else None
             if score is not None and score.numel() == 1 and score.isfinite():  # one number, never an expanded bomb
-                return True, float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
-    return False, 0.0
+                return float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
+    return None
 
 
 def _leaves(
-    value: Any, source: str = "a checkpoint", key: str = "", depth: int = 0, seen: list[int] | None = None
+    value: Any, source: str = "a checkpoint", key: str = "", depth: int = 0, seen: Iterator[int] | None = None
 ) -> Iterator[tuple[str, Any]]:
     """Each value in ``value`` that is no dict, list or tuple, with its key (``/loops/fit_loop``, ``[0]``); never more
     than MAX_VALUES of them: a file of a few bytes can hold a list that holds itself twice, 2**n values deep down."""
-    seen = seen if seen is not None else [0]
-    seen[0] += 1
-    if seen[0] > MAX_VALUES:
+    seen = seen or itertools.count(1)
+    if next(seen) > MAX_VALUES:
         raise DamagedCheckpointError(
             f"refusing {source}: it holds more than {MAX_VALUES:,} values, more than any training state has "
             "(a container shared many times over, or a damaged file)"
@@ -400,7 +397,7 @@ def _leaves(
         )
     if isinstance(value, dict):
         for name, item in value.items():
-            if not (key == "" and name == INTEGRITY_KEY):
+            if key or name != INTEGRITY_KEY:
                 yield from _leaves(item, source, f"{key}/{name}", depth + 1, seen)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
@@ -420,8 +417,7 @@ def tensor_digest(checkpoint: dict) -> str:
     for name, tensor in sorted(tensors, key=lambda item: item[0]):
         digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
         if tensor.numel():  # the values' bytes in row-major order, whatever the dtype (bfloat16 has no numpy one)
-            tensor = tensor.detach().cpu()
-            tensor = (tensor if tensor.layout == torch.strided else tensor.to_dense()).resolve_conj().resolve_neg()
+            tensor = tensor.detach().cpu().to_dense().resolve_conj().resolve_neg()
             digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
@@ -488,11 +484,9 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 
-    def inside(path: Any) -> bool:
-        resolved = Path(path).resolve() if in_a_run and isinstance(path, str | os.PathLike) else None
-        return (
-            resolved is not None and resolved.parent == directory and resolved.suffix == ".ckpt" and resolved.is_file()
-        )
+    def inside(path: Any) -> bool:  # (directory: not inside itself)
+        resolved = Path(path).resolve() if in_a_run and isinstance(path, str | os.PathLike) else directory
+        return resolved.parent == directory and resolved.suffix == ".ckpt" and resolved.is_file()
 
     for name, state in (checkpoint.get("callbacks") or {}).items():
         if not (isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, dict)):
