@@ -341,7 +341,9 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
     lasts, future = [], []
-    for path in (*runs_dir.glob("**/checkpoints/last.ckpt"), *runs_dir.glob("**/checkpoints/preempted.ckpt")):
+    # A run lies 1 to 4 folders down (runs/<name>/<version>, a sweep's trial, a cv's fold): no deeper tree is walked.
+    runs = [f"{'*/' * depth}checkpoints/{name}.ckpt" for depth in range(1, 5) for name in ("last", "preempted")]
+    for path in (path for pattern in runs for path in runs_dir.glob(pattern)):
         with contextlib.suppress(OSError):  # gone since the glob
             if stat.S_ISREG((status := path.stat()).st_mode):  # a FIFO or device by that name is no run's
                 (future if status.st_mtime > now + 60 else lasts).append((status.st_mtime, path))
@@ -369,9 +371,13 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
 
 def monitored_score(path: Path) -> float | None:
     """The score (higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored, if it has one."""
-    check_checkpoint_is_safe(path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    for name, state in (checkpoint.get("callbacks") or {}).items():
+    try:
+        checkpoint = load_checkpoint(path, tensors=False)
+    except CheckpointError as error:  # another best may be the run's: said, not fatal
+        rank_zero_warn(f"--ckpt_path best: passing over {printable(str(error))}")
+        return None
+    callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, dict) else None
+    for name, state in (callbacks if isinstance(callbacks, dict) else {}).items():
         if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
             score = state.get("current_score")
             score = torch.as_tensor(score) if isinstance(score, torch.Tensor | float | int) else None

@@ -436,23 +436,43 @@ def test_resuming_never_deletes_what_a_checkpoint_points_outside_its_run(trained
     assert said and "precious" in said[0]
 
 
+LIGHTNING = {"pytorch-lightning_version": "2.6", "state_dict": {}}  # what every ModelCheckpoint file has
+
+
 def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
     directory = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
     directory.mkdir(parents=True)
     key = "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', 'every_n_train_steps': 0}"
     for name, score in (("best-epoch001", 0.9), ("best-epoch002", 0.95), ("best-epoch003", 0.91)):
         state = {key: {"monitor": "val/acc", "current_score": torch.tensor(score)}}
-        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+        torch.save({"callbacks": state, **LIGHTNING}, directory / f"{name}.ckpt")
     torch.save({"callbacks": {}}, directory / "last.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch002.ckpt"
     low = "ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min', 'every_n_train_steps': 0}"
     for name, score in (("best-epoch001", 0.3), ("best-epoch002", 0.5), ("best-epoch003", 0.4)):
         state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
-        torch.save({"callbacks": state, "pytorch-lightning_version": "2.6"}, directory / f"{name}.ckpt")
+        torch.save({"callbacks": state, **LIGHTNING}, directory / f"{name}.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
     bomb = {low: {"monitor": "val/loss", "current_score": torch.zeros(1).expand(1 << 34)}}  # 16 GiB if compared
-    torch.save({"callbacks": bomb, "pytorch-lightning_version": "2.6"}, directory / "best-epoch004.ckpt")
+    torch.save({"callbacks": bomb, **LIGHTNING}, directory / "best-epoch004.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
+    torch.save([1, 2], directory / "best-epoch005.ckpt")  # no checkpoint: passed over, said
+    torch.save({"callbacks": bomb}, directory / "best-epoch006.ckpt", _use_new_zipfile_serialization=False)  # legacy
+    with pytest.warns(UserWarning, match="passing over .*best-epoch006.ckpt"):
+        assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
+
+
+def test_best_and_last_look_where_runs_lie_not_down_a_planted_tree(tmp_path, monkeypatch):
+    checkpoints = tmp_path / "runs" / "digits" / "cv_0" / "fold_1" / "checkpoints"  # a cv fold's: 3 folders down
+    checkpoints.mkdir(parents=True)
+    torch.save({"callbacks": {}}, checkpoints / "last.ckpt")
+    deep = tmp_path / "runs" / "planted"
+    deep.mkdir()
+    monkeypatch.chdir(deep)
+    for _ in range(1200):  # deeper than Python's recursion limit: a recursive walk fails, naming nothing
+        os.mkdir("a")
+        os.chdir("a")
+    assert find_checkpoint("last", tmp_path / "runs") == checkpoints / "last.ckpt"
 
 
 def test_the_latest_run_is_the_one_written_last_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path):
