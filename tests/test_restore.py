@@ -1,6 +1,7 @@
 """A stranger's checkpoint of plain values runs nothing, imports nothing and deletes nothing."""
 
 import os
+import subprocess
 import pkgutil
 import re
 import shutil
@@ -469,10 +470,13 @@ def test_best_and_last_look_where_runs_lie_not_down_a_planted_tree(tmp_path, mon
     deep = tmp_path / "runs" / "planted"
     deep.mkdir()
     monkeypatch.chdir(deep)
-    for _ in range(1200):  # deeper than Python's recursion limit: a recursive walk fails, naming nothing
-        os.mkdir("a")
-        os.chdir("a")
-    assert find_checkpoint("last", tmp_path / "runs") == checkpoints / "last.ckpt"
+    try:
+        for _ in range(1200):  # deeper than Python's recursion limit: a recursive walk fails, naming nothing
+            os.mkdir("a")
+            os.chdir("a")
+        assert find_checkpoint("last", tmp_path / "runs") == checkpoints / "last.ckpt"
+    finally:  # undone level by level: shutil.rmtree (pytest's clean-up) would recurse too
+        subprocess.run(["rm", "-rf", str(deep)], check=True)
 
 
 def test_the_latest_run_is_the_one_written_last_never_a_copy_dated_in_the_future_nor_a_fifo(tmp_path):
