@@ -20,7 +20,7 @@ import re
 import sys
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -44,19 +44,15 @@ from template.checkpoints import (
 )
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
+from template.nets.shape import parameters_of, type_hints
 from template.runs import runs_dir
 from template.text import printable
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # The module's arguments the CLI links from the data: compared with the data, not set.
-RESUMED_TRAINING = (
-    "optimizer",
-    "lr_scheduler",
-    "scheduler_interval",
-    "layer_decay",
-)  # of the module: restored, not rebuilt
 LINKED = ("num_classes", "class_names", "input_shape")
+RESUMED_TRAINING = ("optimizer", "lr_scheduler", "scheduler_interval", "layer_decay")  # restored, not rebuilt
 # The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
            "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "check_val_every_n_epoch",
@@ -96,12 +92,10 @@ def register(obj: Any = None, *, kind: str | None = None, name: str | None = Non
     class; a function builds a net unless told. ``name``: one more name, e.g. the old path of a moved class."""
     if obj is None:
         return lambda target: register(target, kind=kind, name=name)
-    kind = kind or next((k for k, base in KINDS.items() if isinstance(obj, type) and issubclass(obj, base)), "net")
+    kind = kind or kind_of(obj) or "net"
     if kind not in KINDS:
         raise ValueError(f"register: kind={kind!r} is not one of {', '.join(KINDS)}")
-    for each in (name, f"{obj.__module__}.{obj.__qualname__}"):
-        if each:
-            _registered[each] = (kind, obj)
+    _registered.update({each: (kind, obj) for each in (name, f"{obj.__module__}.{obj.__qualname__}") if each})
     return obj
 
 
@@ -120,27 +114,14 @@ def registry() -> dict[str, tuple[str, Any]]:
         # Classifiers only: detection and segmentation builders load pretrained backbones by default (and get_model
         # builds any of them by name).
         modules += [m for name, m in list(sys.modules.items()) if re.match(r"torchvision\.models(\.[a-z]\w*)?$", name)]
-        modules = [module for module in modules if not module.__name__.endswith(NOT_CLASSIFIERS)]
-        for module in modules:  # their classes, and functions that build a network (resnet18, template.nets.timm_net)
-            for attribute, obj in vars(module).items():
+        for module in (module for module in modules if not module.__name__.endswith(NOT_CLASSIFIERS)):
+            for attribute, obj in vars(module).items():  # classes, and builders of networks (resnet18, timm_net)
                 kind = kind_of(type_hints(obj).get("return") if inspect.isfunction(obj) else obj)
-                if (
-                    kind
-                    and not attribute.startswith(("_", "get_model"))
-                    and not inspect.isabstract(obj)
-                    and obj not in BASES
-                ):
+                usable = kind and obj not in BASES and not inspect.isabstract(obj)
+                if usable and not attribute.startswith(("_", "get_model")):
                     entry = (kind, obj)
                     _built[f"{module.__name__}.{attribute}"] = _built[f"{obj.__module__}.{obj.__qualname__}"] = entry
     return {**_built, **_registered}
-
-
-def type_hints(function: Any) -> dict[str, Any]:
-    """``function``'s annotations; none where one does not resolve here (unknown: literal numbers only)."""
-    try:
-        return typing.get_type_hints(function)
-    except Exception:
-        return {}
 
 
 class Refused(UnsafeCheckpointError):
@@ -152,8 +133,7 @@ def refuse(source: str, key: str, value: Any, why: str) -> typing.NoReturn:
 
 
 def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
-    """What registry ``name`` stands for, if it is of ``kind``. ``own``: names the user's own command
-    line and --config files give, their code, imported as they asked."""
+    """What registry ``name`` stands for, if it is of ``kind``; in ``own`` (the user's command names it), their code."""
     if not isinstance(name, str):
         refuse(source, key, name, f"not the name of a {kind}")
     found = registry().get(name)
@@ -170,28 +150,18 @@ def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
 
 def class_paths(config: Any) -> set[str]:
     """Every class path a configuration names (the user's own, from their command line and --config files)."""
-    if isinstance(config, dict):
-        found = {config["class_path"]} if isinstance(config.get("class_path"), str) else set()
-        return found.union(*(class_paths(value) for value in config.values()))
-    if isinstance(config, list | tuple):
-        return set().union(*(class_paths(value) for value in config))
-    return set()
+    found = {config["class_path"]} if isinstance(config, dict) and isinstance(config.get("class_path"), str) else set()
+    values = config.values() if isinstance(config, dict) else config if isinstance(config, list | tuple) else ()
+    return found.union(*(class_paths(value) for value in values))
 
 
 def parameters(target: Any) -> tuple[dict[str, Any], bool]:
-    """The type of each argument ``target`` takes (through the ``**kwargs`` its classes pass on to their
-    parents) and whether it takes others still (``**kwargs`` to the end)."""
-    functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)] if isinstance(target, type) else [target]
-    found: dict[str, Any] = {}
-    for function in functions:
-        hints = type_hints(function)
-        signature = inspect.signature(function).parameters.values()
-        for parameter in signature:
-            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                found.setdefault(parameter.name, hints.get(parameter.name, typing.Any))
-        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in signature):
-            return found, False
-    return found, True
+    """The type of each argument ``target`` takes (through its classes' ``**kwargs``), and whether it takes others."""
+    found, more = {}, False
+    for parameter in parameters_of(target, returned=False):  # a builder's **kwargs: jsonargparse's (takes)
+        if not (more := parameter.kind == parameter.VAR_KEYWORD) and parameter.kind != parameter.VAR_POSITIONAL:
+            found.setdefault(parameter.name, parameter.annotation)
+    return found, more
 
 
 def kind_of(annotation: Any) -> str | None:
@@ -199,29 +169,24 @@ def kind_of(annotation: Any) -> str | None:
     for each in typing.get_args(annotation) or (annotation,):
         if typing.get_origin(each) is collections.abc.Callable:
             each = typing.get_args(each)[-1] if typing.get_args(each) else None
-        for member in typing.get_args(each) or (each,):
-            for kind, base in KINDS.items():
-                if isinstance(member, type) and issubclass(member, base):
-                    return kind
+        members = [member for member in typing.get_args(each) or (each,) if isinstance(member, type)]
+        if kinds := [kind for member in members for kind, base in KINDS.items() if issubclass(member, base)]:
+            return kinds[0]
     return None
+
+
+def within(annotation: Any, test: collections.abc.Callable[[Any], bool]) -> bool:
+    """Whether ``annotation`` or a type it is made of (``X | None``, ``list[X]``, ``type[X]``) passes ``test``."""
+    return test(annotation) or any(within(each, test) for each in typing.get_args(annotation))
 
 
 def takes_class(annotation: Any) -> bool:
     """Whether an argument of this type is a class itself (``type[BasicBlock]``), not an instance."""
-    return typing.get_origin(annotation) is type or any(takes_class(each) for each in typing.get_args(annotation))
-
-
-def has_url(annotation: Any) -> bool:
-    """Whether an argument of this type names pretrained weights (torchvision's WeightsEnum: each has a URL)."""
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return any(hasattr(member, "url") for member in annotation)
-    return any(has_url(each) for each in typing.get_args(annotation))
+    return within(annotation, lambda each: typing.get_origin(each) is type)
 
 
 def is_path(annotation: Any) -> bool:
-    return (isinstance(annotation, type) and issubclass(annotation, PurePath | os.PathLike)) or any(
-        is_path(each) for each in typing.get_args(annotation)
-    )
+    return within(annotation, lambda each: isinstance(each, type) and issubclass(each, PurePath | os.PathLike))
 
 
 def conforms(value: Any, annotation: Any) -> bool:
@@ -229,8 +194,7 @@ def conforms(value: Any, annotation: Any) -> bool:
     Enum's value, and lists, tuples and mappings of those; never anything a parser would read further."""
     origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is typing.Any:  # unknown: numbers, booleans and None only (a string could be a class path)
-        return value is None or type(value) in (bool, int, float) or (
-            type(value) in (list, tuple) and all(conforms(item, typing.Any) for item in value))  # fmt: skip
+        return conforms(value, float | bool | list[typing.Any] | None)
     if origin in (typing.Union, types.UnionType):
         return any(conforms(value, each) for each in arguments)
     if origin is typing.Literal:
@@ -306,9 +270,8 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
             retired.append(name)  # an option a template update removed, say: the rest still restores
             continue
         annotation = types_.get(name, typing.Any)
-        if loads_weights(name, annotation):  # pretrained weights: a file read or a download
-            continue  # the checkpoint holds every tensor of its own; nothing else is ever loaded for it
-        if is_path(annotation) or PATH_NAMES.search(name):  # a place: the user's command says it, never a file
+        # Never from a file: pretrained weights (the checkpoint holds every tensor of its own), places (the command's).
+        if loads_weights(name, annotation) or is_path(annotation) or PATH_NAMES.search(name):
             continue
         if (kind := kind_of(annotation)) is not None and isinstance(value, dict):
             kept[name] = component(value, kind, f"{key}.{name}", source, own)
@@ -321,31 +284,23 @@ def arguments(target: Any, given: dict, key: str, source: str, own: set[str], sk
             refuse(source, f"{key}.{name}", value, f"which is not a literal {describe(annotation)}")
     if retired:
         rank_zero_warn(f"{source}: {', '.join(retired)} ({key}) are no longer options of {target.__name__}: left out")
-    return kept | no_downloads(target, types_)
-
-
-def no_downloads(target: Any, types_: dict[str, Any]) -> dict[str, Any]:
-    """The arguments that load pretrained weights, set to none where their defaults would load some (a backbone's,
-    from the hub cache, unpickled): the checkpoint holds every tensor of its own."""
-    try:
-        signature = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    off = {each.name: False if each.default is True else None for each in signature}
-    return {
-        each.name: off[each.name]
-        for each in signature
-        if loads_weights(each.name, annotation := types_.get(each.name, typing.Any))
-        and each.default not in (None, False, each.empty)
-        and conforms(off[each.name], annotation)  # else a default of your own class's: weights_init="kaiming"
-    }
+    # Arguments that load pretrained weights, off where their defaults would load some (a backbone's, from the hub
+    # cache, unpickled): the checkpoint holds every tensor of its own. Its parents' too, where its **kwargs reach.
+    off: dict[str, Any] = {}
+    for each in parameters_of(target, returned=False):
+        value = False if each.default is True else None
+        if loads_weights(each.name, each.annotation) and each.default not in (None, False, each.empty):
+            if conforms(value, each.annotation):  # else a default of your own class's: weights_init="kaiming"
+                off.setdefault(each.name, value)
+    return kept | off
 
 
 def loads_weights(name: str, annotation: Any) -> bool:
-    """Whether an argument names pretrained weights: a torchvision WeightsEnum, or by its name a switch, a name or
-    none (``pretrained: bool``, ``weights: str | None``); a number so named (``pretrained_dim: int``) is no weights."""
+    """Whether an argument names pretrained weights: a torchvision WeightsEnum (each has a URL), or by its name a switch,
+    a name or none (``pretrained: bool``, ``weights: str | None``); a number so named (``pretrained_dim: int``) is not."""
     named = DOWNLOADS.search(name) and any(conforms(value, annotation) for value in (None, True, ""))
-    return has_url(annotation) or bool(named)
+    url = within(annotation, lambda each: isinstance(each, enum.EnumMeta) and any(hasattr(m, "url") for m in each))
+    return url or bool(named)
 
 
 def describe(annotation: Any) -> str:
@@ -375,9 +330,8 @@ def restore(
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     config: dict[str, Any] = {}
     if hparams:
-        module = model_class
-        if "_class_path" in hparams:
-            module = lookup(hparams["_class_path"], "module", "hyper_parameters._class_path", source, own)
+        key = "hyper_parameters._class_path"
+        module = lookup(hparams["_class_path"], "module", key, source, own) if "_class_path" in hparams else model_class
         init_args = arguments(module, hparams, "hyper_parameters", source, own, skip=LINKED)
         config["model"] = {"class_path": f"{module.__module__}.{module.__qualname__}", "init_args": init_args}
     data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
@@ -411,9 +365,8 @@ def restore(
 
 
 def check_network(spec: dict, checkpoint: dict, source: str) -> None:
-    """The record's network must be the one whose tensors the checkpoint holds: built on the meta device first (for
-    real where it cannot be), never past a few modules and tensors per tensor of the file nor twice its values, its
-    shapes compared with the file's: arguments (a width of 9000, 20000 blocks) never build something else."""
+    """Refuse a record whose arguments (a width of 9000, 20000 blocks) build another network than the tensors': built
+    on the meta device (or CPU) up to a few modules per tensor and twice its values, its shapes compared with them."""
     if len(checkpoint["state_dict"]) > MAX_NETWORK_TENSORS:  # each costs time to build, even on the meta device
         refuse(source, "state_dict", f"{len(checkpoint['state_dict']):,} tensors", f"over {MAX_NETWORK_TENSORS:,}")
     tensors = checkpoint["state_dict"].values()
@@ -457,9 +410,7 @@ def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterato
         seen[0] += module is not None
         seen[1] += value.numel() if isinstance(value, torch.Tensor) else 0
         if seen[0] > modules or seen[1] > values:
-            why = (
-                f"which builds over {modules:,} modules and tensors or {values:,} values, far more than the file holds"
-            )
+            why = f"which builds over {modules:,} modules and tensors or {values:,} values, more than the file holds"
             refuse(source, "hyper_parameters.net", name, why)
 
     kinds = ("module", "parameter", "buffer")
@@ -473,8 +424,7 @@ def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterato
 
 
 def build(spec: dict) -> Any:
-    """The object a restored ``{"class_path", "init_args"}`` describes (a network), or for an optimizer or a
-    schedule, the callable that builds it from what it wraps."""
+    """What a restored ``{"class_path", "init_args"}`` builds; of an optimizer or a schedule, a partial of it."""
     kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
     init_args = dict(spec["init_args"])
     types_ = parameters(target)[0]
@@ -485,9 +435,7 @@ def build(spec: dict) -> Any:
             init_args[name] = build(value)
         elif isinstance(value, str) and takes_class(types_.get(name)):  # type[BasicBlock]: the class named
             init_args[name] = registry().get(value, (None, None))[1] or pkgutil.resolve_name(value)
-    if kind in ("optimizer", "scheduler"):
-        return functools.partial(target, **init_args)
-    return target(**init_args)
+    return functools.partial(target, **init_args) if kind in ("optimizer", "scheduler") else target(**init_args)
 
 
 def load_module(cls: type, path: str | Path, map_location: Any = None, strict: bool = True, **given: Any) -> Any:
@@ -499,8 +447,7 @@ def load_module(cls: type, path: str | Path, map_location: Any = None, strict: b
     for key in ("net", "optimizer", "lr_scheduler"):
         if isinstance(init_args.get(key), dict) and key not in given:
             given[key] = build(init_args[key])
-    arguments_ = {**init_args, **{k: v for k, v in restored.trained.items() if v is not None}, **given}
-    module = cls(**arguments_)
+    module = cls(**{**init_args, **{k: v for k, v in restored.trained.items() if v is not None}, **given})
     module.hparams.update({k: v for k, v in init_args.items() if isinstance(v, dict)})
     checkpoint = read_checkpoint(path)  # now with its tensors, checked against their digest
     module.on_load_checkpoint(checkpoint)
@@ -512,28 +459,22 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     """What ``--ckpt_path`` (a file, or ``best``/``last`` of the latest run under the user's runs directory) gives
     a command configured by ``config`` (the user's command line and --config files, whose classes it may name)."""
     if ckpt_path in CHECKPOINT_ALIASES:
-        found = find_checkpoint(ckpt_path, runs_dir(config))
-        if rank_zero_only.rank == 0:
-            print(printable(f"--ckpt_path {ckpt_path} -> {found}"))  # run names from the disk
-        ckpt_path = found
+        alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config))
+        rank_zero_only(print)(printable(f"--ckpt_path {alias} -> {ckpt_path}"))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
     own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}
-    restored = restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own)
-    restored.command = subcommand
-    return restored
+    return replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
 
 
 def named_again(config: dict) -> list[str]:
-    """The options that name again the classes of the user's own in ``config`` (the template's need none): a command
-    of a checkpoint of it imports them only where the user's command names them. Read where each option's class
-    stands (model, data, model.net...), never resolved: a mapping of plain values may hold any class_path."""
+    """The options that name again the user's own classes in ``config``, which a checkpoint's command imports only
+    where the user names them; read where each option's class stands, never resolved (a mapping may hold any)."""
     options = []
     for option in OWN_OPTIONS.values():
-        first, *rest = option.removeprefix("--").split(".")
-        node = config.get(first)
-        for part in rest:
+        node: Any = {"init_args": config}
+        for part in option.removeprefix("--").split("."):
             node = (node.get("init_args") or {}).get(part) if isinstance(node, dict) else None
         name = node.get("class_path") if isinstance(node, dict) else None
         if isinstance(name, str) and (name := importable(name)) is not None:
@@ -545,13 +486,8 @@ def places_again(config: dict) -> list[str]:
     """The options that say again where ``config``'s data is (a checkpoint records no place): its arguments named as
     places that hold one (``root``, your DataModule's ``path``), but for the cache's and the predicted images'."""
     given = (config.get("data") or {}).get("init_args") or {}
-    places = [name for name, value in given.items() if PATH_NAMES.search(name) and isinstance(value, str | PurePath)]
-    return [
-        arg
-        for name in places
-        if name not in ("cache_dir", "predict_path")
-        for arg in (f"--data.{name}", str(given[name]))
-    ]
+    places = {n: v for n, v in given.items() if PATH_NAMES.search(n) and n not in ("cache_dir", "predict_path")}
+    return [arg for n, v in places.items() if isinstance(v, str | PurePath) for arg in (f"--data.{n}", str(v))]
 
 
 def importable(name: str) -> str | None:
@@ -559,21 +495,17 @@ def importable(name: str) -> str | None:
     classes, registered in every process; for your own, registered where your module is imported, the module's."""
     if (entry := registry().get(name)) is None:
         return name
-    target = entry[1]
-    built_in = target.__module__.partition(".")[0] in (__name__.partition(".")[0], "torch", "torchvision")
-    if built_in or target.__module__ == "__main__":  # a script's: no other process can import it by that name
-        return None if built_in else name
-    return f"{target.__module__}.{target.__qualname__}"
+    if (module := entry[1].__module__).partition(".")[0] in (__name__.partition(".")[0], "torch", "torchvision"):
+        return None
+    return name if module == "__main__" else f"{module}.{entry[1].__qualname__}"  # a script's: no other process has it
 
 
 def check_resumed_training(restored: Restored, model: dict) -> None:
     """Refuse to resume with optimizer or schedule settings other than the checkpoint's: the optimizer's state and the
     schedule it saved are restored over them, so they would never take effect while the run's record said they had."""
     saved = restored.config.get("model", {}).get("init_args", {})
-    given = model.get("init_args") or {}
-    both = [key for key in RESUMED_TRAINING if key in saved and key in given]  # a record without one: nothing to hold
-    changes = [change for key in both for change in differences(saved[key], given[key], key)]
-    if changes:
+    saved = {key: saved[key] for key in RESUMED_TRAINING if key in saved}  # a record without one: nothing to hold
+    if changes := differences(saved, model.get("init_args") or {}, "model"):
         raise ValueError(
             f"{restored.path}: a resume continues the optimizer and schedule its checkpoint saved, so these settings "
             f"would not take effect: {'; '.join(changes)}. Leave them out to resume; to train on with them, start a "
@@ -581,24 +513,18 @@ def check_resumed_training(restored: Restored, model: dict) -> None:
         )
 
 
-def differences(saved: Any, given: Any, key: str) -> list[str]:
+def differences(saved: Any, given: Any, key: str, saved_in: str = "saved") -> list[str]:
     """Where ``given`` differs from ``saved``, by key: only keys both have (a newer torch's new argument is none)."""
     if isinstance(saved, dict) and isinstance(given, dict):
-        return [
-            change
-            for name in saved
-            if name in given
-            for change in differences(saved[name], given[name], f"{key}.{name}")
-        ]
+        return [c for n in saved if n in given for c in differences(saved[n], given[n], f"{key}.{n}", saved_in)]
     if isinstance(saved, list | tuple) and isinstance(given, list | tuple):
         saved, given = list(saved), list(given)
-    return [] if saved == given else [f"model.{key} {saved!r} saved, {given!r} given"]
+    return [] if saved == given else [f"{key} {saved!r} {saved_in}, {given!r} given"]
 
 
 def fit_data(restored: Restored, data: Any) -> None:
-    """Refuse data that contradicts what the checkpoint was trained on (a silent resize or another class list
-    would give confident answers to a different question) and, to validate or test, splits drawn otherwise than its
-    run's (``SPLIT_NAMES``); normalise as in training."""
+    """Refuse data that contradicts what the checkpoint was trained on (it would answer a different question) and, to
+    validate or test, splits drawn otherwise than its run's (``SPLIT_NAMES``); normalise as in training."""
     mismatches = []
     for key, what in (("input_shape", "inputs (channels, height, width)"), ("num_classes", "classes"),
                       ("class_names", "class names")):  # fmt: skip
@@ -615,13 +541,8 @@ def fit_data(restored: Restored, data: Any) -> None:
     recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
     if split and recorded:  # compared for its run's DataModule alone: another's options split other images
         cls = (registry().get(recorded["class_path"]) or ("", pkgutil.resolve_name(recorded["class_path"])))[1]
-        saved, given = recorded["init_args"], data.hparams if cls is type(data) else {}
-        changes = [
-            f"data.{name} {saved[name]!r} in its run, {given[name]!r} given"
-            for name in saved
-            if SPLIT_NAMES.search(name) and name in given and differences(saved[name], given[name], name)
-        ]
-        if changes:
+        saved = {name: value for name, value in recorded["init_args"].items() if SPLIT_NAMES.search(name)}
+        if changes := differences(saved, data.hparams if cls is type(data) else {}, "data", "in its run"):
             raise ValueError(
                 f"{restored.path}: these data options draw other splits than its run's, so its {split} split may "
                 f"hold images it trained on: {'; '.join(changes)}. Leave them out to score its run's held-out "
@@ -633,38 +554,32 @@ def fit_data(restored: Restored, data: Any) -> None:
 
 def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     """The run directory (<name>/<version>) under ``runs_dir`` that checkpoint ``path`` lies in, links resolved."""
-    if runs_dir is None:
-        return None
-    checkpoint, runs = Path(path).resolve(), Path(runs_dir).resolve()
+    checkpoint = Path(path).resolve()
     run_dir = checkpoint.parent.parent
-    in_a_run = checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file()
-    if not in_a_run or run_dir.parent.parent != runs:
+    in_a_run = runs_dir is not None and checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file()
+    if not in_a_run or run_dir.parent.parent != Path(runs_dir).resolve():
         return None
     # What a run writes on into must be its own folders and files: a link would lead a write out of it, and a FIFO
     # or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
     entries = list(itertools.islice(run_dir.rglob("*"), MAX_RUN_ENTRIES + 1))  # links to folders: not entered
-    if odd := [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir())]:
-        odd = ", ".join(odd[:3])
-        rank_zero_warn(f"{run_dir} holds links or special files ({odd}): resumed into a new run directory")
-        return None
-    if len(entries) > MAX_RUN_ENTRIES:
-        rank_zero_warn(f"{run_dir} holds over {MAX_RUN_ENTRIES:,} entries: resumed into a new run directory")
+    odd = [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir())]
+    if odd or len(entries) > MAX_RUN_ENTRIES:
+        why = f"links or special files ({', '.join(odd[:3])})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
+        rank_zero_warn(f"{run_dir} holds {why}: resumed into a new run directory")
         return None
     return run_dir
 
 
 def resumed_settings(path: Path) -> dict:
-    """The Trainer settings (``RESUMED``), the metric the best checkpoint is chosen by and the seed a run's config.yaml
-    records, literals of their types and ranges."""
+    """The Trainer settings (``RESUMED``), best checkpoint's metric and seed a run's config.yaml records, as literals."""
     config = read_yaml(path)
-    trainer, seed = (config.get("trainer"), config.get("seed_everything")) if isinstance(config, dict) else (None, None)
+    config = config if isinstance(config, dict) else {}
+    seed = config.get("seed_everything")
     settings: dict[str, Any] = {"seed_everything": seed} if type(seed) in (int, bool) else {}
-    if isinstance(checkpoint := config.get("checkpoint") if isinstance(config, dict) else None, dict):
-        taken = {name: checkpoint[name] for name in ("monitor", "mode") if name in checkpoint}
-        settings["checkpoint"] = arguments(ModelCheckpoint, taken, "checkpoint", str(path), set())
-    if isinstance(trainer, dict):
-        taken = {name: trainer[name] for name in RESUMED if name in trainer}
-        settings["trainer"] = arguments(L.Trainer, taken, "trainer", str(path), set())
+    for key, cls, names in (("checkpoint", ModelCheckpoint, ("monitor", "mode")), ("trainer", L.Trainer, RESUMED)):
+        if isinstance(section := config.get(key), dict):
+            taken = {name: section[name] for name in names if name in section}
+            settings[key] = arguments(cls, taken, key, str(path), set())
     given = {"seed_everything": seed, **{f"trainer.{name}": v for name, v in settings.get("trainer", {}).items()}}
     for key, value in given.items():
         least = LEAST.get(key.removeprefix("trainer."), 0)
@@ -676,8 +591,7 @@ def resumed_settings(path: Path) -> dict:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """YAML from elsewhere as plain values: at most ``MAX_YAML_BYTES``, no aliases, bounded nesting (its events
-    checked before anything is built)."""
+    """YAML from elsewhere as plain values: at most ``MAX_YAML_BYTES``, no aliases, nesting checked before it is built."""
     path = Path(path)
     try:
         text, depth = read_at_most(path, MAX_YAML_BYTES), 0
