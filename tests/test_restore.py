@@ -1,10 +1,10 @@
 """A stranger's checkpoint of plain values runs nothing, imports nothing and deletes nothing."""
 
 import os
-import subprocess
 import pkgutil
 import re
 import shutil
+import subprocess
 import sys
 import time
 import warnings
