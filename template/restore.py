@@ -14,6 +14,7 @@ import enum
 import functools
 import inspect
 import itertools
+import json
 import os
 import pkgutil
 import re
@@ -44,14 +45,17 @@ from template.checkpoints import (
 )
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
-from template.nets.shape import parameters_of, type_hints
+from template.nets.shape import network_arguments, parameters_of, type_hints
 from template.runs import runs_dir
 from template.text import printable
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
-# The module's arguments the CLI links from the data: compared with the data, not set.
-LINKED = ("num_classes", "class_names", "input_shape")
+# The module's arguments the CLI links from the data: compared with the data, not set. Of its own, how to run (compiled,
+# generating and loading code) is the command's to say.
+LINKED, HOW_TO_RUN = ("num_classes", "class_names", "input_shape"), ("compile",)
+# Classes and their names (a folder's name: 255 bytes) as a classifier has them, and a record as a parse reads it whole.
+MAX_CLASSES, MAX_CLASS_NAME, MAX_RECORD = 1 << 16, 255, 1 << 20
 RESUMED_TRAINING = ("optimizer", "lr_scheduler", "scheduler_interval", "layer_decay")  # restored, not rebuilt
 # The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
@@ -129,7 +133,8 @@ class Refused(UnsafeCheckpointError):
 
 
 def refuse(source: str, key: str, value: Any, why: str) -> typing.NoReturn:
-    raise Refused(f"refusing {source}: its {key} is {value!r}, {why}; nothing from it was imported or run")
+    shown = f"{value!r:.200}{'...' if len(repr(value)) > 200 else ''}"  # a file's value: it may be megabytes long
+    raise Refused(f"refusing {source}: its {key} is {shown}, {why}; nothing from it was imported or run")
 
 
 def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
@@ -189,6 +194,9 @@ def is_path(annotation: Any) -> bool:
     return within(annotation, lambda each: isinstance(each, type) and issubclass(each, PurePath | os.PathLike))
 
 
+SEQUENCES = (collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
+
+
 def conforms(value: Any, annotation: Any) -> bool:
     """Whether ``value`` is a literal of type ``annotation``: None, bool, int, float, str, a Literal's or an
     Enum's value, and lists, tuples and mappings of those; never anything a parser would read further."""
@@ -208,7 +216,7 @@ def conforms(value: Any, annotation: Any) -> bool:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         prefix, _, member = value.rpartition(".") if type(value) is str else ("", "", "")
         return prefix in ("", annotation.__name__) and isinstance(getattr(annotation, member, None), annotation)
-    if origin in (list, tuple, set, frozenset, collections.abc.Sequence) or annotation in (list, tuple):
+    if origin in (list, tuple, set, frozenset, *SEQUENCES) or annotation in (list, tuple):
         if type(value) not in (list, tuple):
             return False
         if origin is tuple and arguments and arguments[-1] is not Ellipsis:
@@ -332,7 +340,7 @@ def restore(
     if hparams:
         key = "hyper_parameters._class_path"
         module = lookup(hparams["_class_path"], "module", key, source, own) if "_class_path" in hparams else model_class
-        init_args = arguments(module, hparams, "hyper_parameters", source, own, skip=LINKED)
+        init_args = arguments(module, hparams, "hyper_parameters", source, own, skip=LINKED + HOW_TO_RUN)
         config["model"] = {"class_path": f"{module.__module__}.{module.__qualname__}", "init_args": init_args}
     data_hparams = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     if "_class_path" in data_hparams:
@@ -347,16 +355,27 @@ def restore(
     for key, kind in (("num_classes", int), ("class_names", list[str]), ("input_shape", list[int])):
         if trained[key] is not None and not conforms(trained[key], kind):
             refuse(source, f"hyper_parameters.{key}", trained[key], f"not a {describe(kind)}")
-    shape = trained["input_shape"]
+    shape, names = trained["input_shape"], trained["class_names"] or []
+    values = shape[0] * shape[1] * shape[2] if shape is not None and len(shape) == 3 and min(shape) > 0 else 0
+    # An image's, and an example batch of two is made of it: at most 512 MiB.
     if shape is not None and not (
-        len(shape) == 3 and 0 < shape[0] <= MAX_CHANNELS and 0 < shape[1] * shape[2] <= MAX_PIXELS
+        values and shape[0] <= MAX_CHANNELS and shape[1] * shape[2] <= MAX_PIXELS and values <= 4 * MAX_PIXELS
     ):
         refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
+    for key, count in (("num_classes", trained["num_classes"] or 1), ("class_names", len(names) or 1)):
+        if not 0 < count <= MAX_CLASSES:
+            refuse(source, f"hyper_parameters.{key}", f"{count:,} classes", f"not 1 to {MAX_CLASSES:,}")
+    if long := next((name for name in names if len(name) > MAX_CLASS_NAME), None):
+        refuse(source, "hyper_parameters.class_names", f"{long[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
     if isinstance(net := config.get("model", {}).get("init_args", {}).get("net"), dict):
-        check_network(net, checkpoint, source)
+        check_network(net, checkpoint, source, trained)
     run_dir = own_run(path, runs_dir)
     if fit and run_dir is not None:
         config.update(resumed_settings(run_dir / "config.yaml"))
+    if len(json.dumps(config)) > MAX_RECORD:  # the command parses it again, as YAML: its time grows with the size
+        refuse(
+            source, "record", f"{len(json.dumps(config)):,} characters", f"over the {MAX_RECORD:,} a run's record takes"
+        )
     try:
         preprocessing = recorded_preprocessing(checkpoint)
     except ValueError as error:
@@ -364,9 +383,13 @@ def restore(
     return Restored(Path(path), config, trained, preprocessing, run_dir)
 
 
-def check_network(spec: dict, checkpoint: dict, source: str) -> None:
+def check_network(spec: dict, checkpoint: dict, source: str, trained: dict) -> None:
     """Refuse a record whose arguments (a width of 9000, 20000 blocks) build another network than the tensors': built
-    on the meta device (or CPU) up to a few modules per tensor and twice its values, its shapes compared with them."""
+    as the command builds it (the ``trained`` classes and channels where it takes them), on the meta device (or the
+    CPU) up to a few modules per tensor and twice its values, its shapes compared with them."""
+    if trained["num_classes"] and trained["input_shape"]:
+        sizes = spec["init_args"], trained["num_classes"], trained["input_shape"][0]
+        spec = {**spec, "init_args": network_arguments(named(spec["class_path"])[1], *sizes)}
     if len(checkpoint["state_dict"]) > MAX_NETWORK_TENSORS:  # each costs time to build, even on the meta device
         refuse(source, "state_dict", f"{len(checkpoint['state_dict']):,} tensors", f"over {MAX_NETWORK_TENSORS:,}")
     tensors = checkpoint["state_dict"].values()
@@ -378,9 +401,10 @@ def check_network(spec: dict, checkpoint: dict, source: str) -> None:
             break
         except Refused:
             raise
-        except Exception:  # not even for real: built by the command, which says why
+        except Exception as error:  # not even for real: nothing to hold its tensors to, so nothing the command builds
             if device == "cpu":
-                return
+                why = f"which cannot be built from its arguments ({type(error).__name__}: {str(error)[:200]})"
+                refuse(source, "hyper_parameters.net", spec["class_path"], why)
     needed, memory = network_bytes(net), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > memory // 2:
         why = f"a network of {needed / 2**30:,.1f} GiB, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
@@ -423,9 +447,14 @@ def at_most(modules: int, values: int, name: str, source: str) -> typing.Iterato
         count()  # refused still where the build caught the refusal (timm's raises its own error instead)
 
 
+def named(class_path: str) -> tuple[str, Any]:
+    """The kind and object a checked record's class path names: the registry's, or the user's own code's."""
+    return registry().get(class_path) or ("", pkgutil.resolve_name(class_path))
+
+
 def build(spec: dict) -> Any:
     """What a restored ``{"class_path", "init_args"}`` builds; of an optimizer or a schedule, a partial of it."""
-    kind, target = registry().get(spec["class_path"]) or ("", pkgutil.resolve_name(spec["class_path"]))  # own code
+    kind, target = named(spec["class_path"])
     init_args = dict(spec["init_args"])
     types_ = parameters(target)[0]
     for name, value in init_args.items():
@@ -540,7 +569,7 @@ def fit_data(restored: Restored, data: Any) -> None:
         )
     recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
     if split and recorded:  # compared for its run's DataModule alone: another's options split other images
-        cls = (registry().get(recorded["class_path"]) or ("", pkgutil.resolve_name(recorded["class_path"])))[1]
+        cls = named(recorded["class_path"])[1]
         saved = {name: value for name, value in recorded["init_args"].items() if SPLIT_NAMES.search(name)}
         if changes := differences(saved, data.hparams if cls is type(data) else {}, "data", "in its run"):
             raise ValueError(
@@ -550,6 +579,12 @@ def fit_data(restored: Restored, data: Any) -> None:
             )
     if restored.preprocessing is not None and hasattr(data, "use_preprocessing"):
         data.use_preprocessing(restored.preprocessing, source=str(restored.path))  # without its training images
+    missing = {"DataModule": "data" not in restored.config, "preprocessing": restored.preprocessing is None}
+    if missing := [what for what, gone in missing.items() if gone]:  # not written by fit: nothing to hold the data to
+        rank_zero_warn(
+            f"{restored.path} records no {' nor '.join(missing)}: used on the data and normalisation your options "
+            "give, which nothing checks are the ones it trained on"
+        )
 
 
 def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:

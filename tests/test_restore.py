@@ -1058,3 +1058,43 @@ def test_a_resumed_runs_config_yaml_reruns_the_run_from_scratch(trained, tmp_pat
     rerun = cli(["fit", "--config", str(run_dir / "config.yaml")])
     assert Path(rerun.trainer.log_dir) == run_dir.parent / "version_1" and rerun.trainer.global_step == 2 * 2
     assert last.read_bytes() == resumed
+
+
+BIG_NET = {
+    "class_path": "template.nets.ResNet",
+    "init_args": {"in_channels": 0, "widths": [4096], "blocks_per_stage": [1]},
+}
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"num_classes": 2**32 - 1, "class_names": None}, "num_classes"),  # a list of 4 billion names to make
+        ({"class_names": [f"c{index}" for index in range(70_000)]}, "class_names"),
+        ({"class_names": ["a" * 300] * 10}, "class_names"),  # repeated in every row of predictions.csv
+        ({"input_shape": [64, 4096, 4096]}, "input_shape"),  # an 8 GiB example batch
+        ({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": 0.5}}},
+         "lr_scheduler.init_args.lr_lambda"),  # its annotation names Callable, imported for type checkers only
+        ({"net": BIG_NET}, "net"),  # unbuildable as written (in_channels 0): was let through to be built as the data says
+        ({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.MultiStepLR",
+                           "init_args": {"milestones": list(range(300_000))}}}, "record"),  # parsed again as YAML
+    ],
+)  # fmt: skip
+def test_sizes_and_values_no_run_has_are_refused_before_anything_is_built(trained, tmp_path, change, key):
+    path = doctor(trained, tmp_path, change)
+    key = key if key == "record" else f"hyper_parameters.{key}"
+    with pytest.raises(UnsafeCheckpointError, match=re.escape(f"refusing {path}: its {key}")):
+        restore.restore(path, ClassificationModule, None, fit=False)
+
+
+def test_how_to_run_is_the_commands_and_a_checkpoint_without_a_data_record_is_said_to_be_unchecked(
+    trained, tmp_path, monkeypatch
+):
+    path = doctor(trained, tmp_path, {"compile": True})  # compiling writes and loads generated code
+    assert "compile" not in restore.restore(path, ClassificationModule, None, fit=False).config["model"]["init_args"]
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["datamodule_hyper_parameters"]
+    torch.save(checkpoint, path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match=re.escape(f"{path} records no DataModule")):
+        cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), "--trainer.limit_val_batches", "1"])

@@ -3,6 +3,7 @@
 (``num_classes`` also through ``**kwargs``, as torchvision's builders pass it on), and refusing before training, naming
 both, one whose input or output does not fit the data."""
 
+import collections.abc
 import contextlib
 import inspect
 import pkgutil
@@ -15,9 +16,11 @@ from torch import nn
 
 
 def type_hints(function: Any) -> dict[str, Any]:
-    """``function``'s annotations; none where one does not resolve here (unknown: literal numbers only)."""
-    with contextlib.suppress(Exception):
-        return typing.get_type_hints(function)
+    """``function``'s annotations; none where one does not resolve here (unknown: literal numbers only). Names of typing
+    and collections.abc resolve where its module imports them for type checkers only (torch's ``Callable``)."""
+    for names in (None, {**vars(collections.abc), **vars(typing)}):
+        with contextlib.suppress(Exception):
+            return typing.get_type_hints(function, localns=names)
     return {}
 
 
@@ -43,10 +46,11 @@ def takes(target: Any, name: str) -> bool:
     return False
 
 
-def network_arguments(class_path: str, init_args: dict, num_classes: int, in_channels: int) -> dict:
-    """``init_args`` with the data's class count and channels where the network takes them, over the config's."""
+def network_arguments(network: Any, init_args: dict, num_classes: int, in_channels: int) -> dict:
+    """``init_args`` with the data's class count and channels where the network (or its class path) takes them."""
+    network = pkgutil.resolve_name(network) if isinstance(network, str) else network
     data = {"num_classes": num_classes, "in_channels": in_channels}
-    return {**init_args, **{key: value for key, value in data.items() if takes(pkgutil.resolve_name(class_path), key)}}
+    return {**init_args, **{key: value for key, value in data.items() if takes(network, key)}}
 
 
 @torch.no_grad()
