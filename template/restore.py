@@ -46,6 +46,7 @@ from template.checkpoints import (
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
 from template.nets.shape import network_arguments, parameters_of, type_hints
+from template.options import option_values
 from template.runs import runs_dir
 from template.text import printable
 
@@ -492,9 +493,12 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         rank_zero_only(print)(printable(f"--ckpt_path {alias} -> {ckpt_path}"))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
-    own = class_paths(config.as_dict()) | {value for key, value in zip(args, args[1:]) if key in DATA_CLASS}
-    own |= {token.split("=", 1)[1] for token in args if token.split("=", 1)[0] in DATA_CLASS and "=" in token}
-    return replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
+    own = class_paths(config.as_dict()) | set(option_values(args, *DATA_CLASS))
+    restored = replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
+    if taken := restored.config.get("trainer"):  # the same run's length and numerics: said, a stranger's run's too
+        settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())
+        rank_zero_only(print)(printable(f"resuming the run's trainer settings from its config.yaml: {settings}"))
+    return restored
 
 
 def named_again(config: dict) -> list[str]:

@@ -1098,3 +1098,15 @@ def test_how_to_run_is_the_commands_and_a_checkpoint_without_a_data_record_is_sa
     monkeypatch.chdir(tmp_path)
     with pytest.warns(UserWarning, match=re.escape(f"{path} records no DataModule")):
         cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(path), "--trainer.limit_val_batches", "1"])
+
+
+def test_a_resume_says_which_trainer_settings_it_takes_from_its_runs_config_yaml(
+    trained, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["trainer"]["max_epochs"] = 2**32 - 1  # a stranger's run: "the same run" would train for ever, unsaid
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)  # its options give max_epochs 2: they override it
+    assert f"from its config.yaml: max_epochs={2**32 - 1}" in capsys.readouterr().out
