@@ -49,7 +49,7 @@ class TrainingMonitor(Callback):
         self.misclassified = misclassified
         self.csv_name = csv_name
         self._epoch_start = self._train_end = 0.0
-        self._images = 0
+        self._images, self._loss = 0, 0.0  # the epoch's images and their summed training loss
         self._confusion: MulticlassConfusionMatrix | None = None
         self._wrong: list[tuple[torch.Tensor, int, int]] = []
         self.rows: list[dict] = []
@@ -63,7 +63,13 @@ class TrainingMonitor(Callback):
         seconds = self._train_end - self._epoch_start  # to its last training batch: a resume redoes those after
         return {
             "rows": self.rows,
-            "in_progress": {"epoch": self._epoch, "lr": self._lr, "seconds": seconds, "images": self._images},
+            "in_progress": {
+                "epoch": self._epoch,
+                "lr": self._lr,
+                "seconds": seconds,
+                "images": self._images,
+                "loss": float(self._loss),
+            },
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -76,9 +82,10 @@ class TrainingMonitor(Callback):
             for row in rows
         ):
             self.rows = rows
-        part = state_dict.get("in_progress")  # numbers only
+        part = state_dict.get("in_progress")  # numbers only (loss: not in a checkpoint of an earlier version)
+        part = {"loss": 0.0, **part} if isinstance(part, dict) else None
         if isinstance(part, dict) and all(
-            type(part.get(k)) in (int, float) for k in ("epoch", "lr", "seconds", "images")
+            type(part.get(k)) in (int, float) for k in ("epoch", "lr", "seconds", "images", "loss")
         ):
             self._carried = part
 
@@ -99,7 +106,7 @@ class TrainingMonitor(Callback):
         self._start_epoch(trainer)
         carried, self._carried = self._carried, None
         if carried is not None and carried["epoch"] == trainer.current_epoch:
-            self._lr, self._images = carried["lr"], carried["images"]
+            self._lr, self._images, self._loss = carried["lr"], carried["images"], carried["loss"]
             self._epoch_start -= carried["seconds"]
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -108,7 +115,7 @@ class TrainingMonitor(Callback):
 
     def _start_epoch(self, trainer: L.Trainer) -> None:
         self._epoch_start = self._train_end = time.perf_counter()
-        self._epoch, self._images = trainer.current_epoch, 0
+        self._epoch, self._images, self._loss = trainer.current_epoch, 0, 0.0
         # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
         # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
@@ -116,6 +123,9 @@ class TrainingMonitor(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])
+        if isinstance(loss := outputs.get("loss") if isinstance(outputs, dict) else None, torch.Tensor):
+            # Lightning hands on the loss divided by the accumulated batches; summed on the device, read once an epoch.
+            self._loss = self._loss + loss.detach() * trainer.accumulate_grad_batches * len(batch[1])
         self._train_end = time.perf_counter()  # the last one: the end of training, before validation
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -123,6 +133,12 @@ class TrainingMonitor(Callback):
         seconds = time.perf_counter() - self._epoch_start
         speed = {"train/epoch_time": seconds, "train/images_per_sec": self._images * trainer.world_size / training}
         pl_module.log_dict(speed)
+        # The epoch's mean training loss over every rank's images (train/loss is logged per step: its last one).
+        summed = [
+            torch.as_tensor(value, dtype=torch.float32, device=pl_module.device) for value in (self._loss, self._images)
+        ]
+        loss, images = (float(trainer.strategy.reduce(value, reduce_op="sum")) for value in summed)
+        speed = {**speed, **({"train/loss": round(loss / images, 6)} if images else {})}
         # The module's on_train_epoch_end, after this, may log epoch metrics (train/acc): the row waits for the
         # next hook of ours (a checkpoint's state, the next epoch, the end of training).
         self._pending = (trainer, {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}, speed)

@@ -128,3 +128,18 @@ def test_an_epoch_resumed_within_goes_on_with_its_own_time_images_and_learning_r
     assert row["epoch"] == "0" and row["step"] == "6" and row["lr"] == part["lr"]  # the LR it started with
     assert float(part["train/epoch_time"]) < float(row["train/epoch_time"]) < elapsed
     assert float(row["train/images_per_sec"]) > 6 * 64 / elapsed  # 6 batches of 64 images, timed in this test
+
+
+def test_metrics_csv_train_loss_is_the_epochs_mean_not_its_last_step(run_cli):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = run_cli("fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches",
+                  "1", "--trainer.log_every_n_steps", "1")  # fmt: skip
+    rows = list(csv.DictReader((Path(run.trainer.log_dir) / "metrics.csv").open()))
+    events = EventAccumulator(run.trainer.log_dir)
+    events.Reload()
+    steps = {event.step: event.value for event in events.Scalars("train/loss")}  # every step's, full batches
+    for epoch, row in enumerate(rows):
+        mean = sum(steps[step] for step in range(4 * epoch, 4 * epoch + 4)) / 4
+        assert float(row["train/loss"]) == pytest.approx(mean, abs=1e-5), epoch
+        assert float(row["train/loss"]) != pytest.approx(steps[4 * epoch + 3], abs=1e-5)  # not the last step's
