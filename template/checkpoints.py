@@ -372,11 +372,11 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
 def monitored_score(path: Path) -> float | None:
     """The score (higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored, if it has one."""
     try:
-        checkpoint = load_checkpoint(path, tensors=False)
+        checkpoint = read_checkpoint(path, tensors=False)
     except CheckpointError as error:  # another best may be the run's: said, not fatal
         rank_zero_warn(f"--ckpt_path best: passing over {printable(str(error))}")
         return None
-    callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, dict) else None
+    callbacks = checkpoint.get("callbacks")
     for name, state in (callbacks if isinstance(callbacks, dict) else {}).items():
         if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
             score = state.get("current_score")

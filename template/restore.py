@@ -57,6 +57,9 @@ PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 LINKED, HOW_TO_RUN = ("num_classes", "class_names", "input_shape"), ("compile",)
 # Classes and their names (a folder's name: 255 bytes) as a classifier has them, and a record as a parse reads it whole.
 MAX_CLASSES, MAX_CLASS_NAME, MAX_RECORD = 1 << 16, 255, 1 << 20
+# A list the command parses again is checked item by item, a copy of it each time (jsonargparse): past this many class
+# names, the data's own folders give them, checked against the checkpoint's names once built (fit_data).
+MAX_PARSED_CLASSES = 2_000
 RESUMED_TRAINING = ("optimizer", "lr_scheduler", "scheduler_interval", "layer_decay")  # restored, not rebuilt
 # The Trainer settings a resumed fit takes from its run's config.yaml: they make it the same run.
 RESUMED = ("max_epochs", "max_steps", "min_epochs", "min_steps", "precision", "accumulate_grad_batches",
@@ -351,6 +354,12 @@ def restore(
         class_names = hparams.get("class_names")
         if "classes" in parameters(data)[0] and conforms(class_names, list[str]) and not init_args.get("classes"):
             init_args["classes"] = class_names  # a folder's classes in the trained order, with no folder to read
+        if isinstance(classes := init_args.get("classes"), list):
+            check_names(classes, f"{key}.classes", source)
+            if len(classes) > MAX_PARSED_CLASSES:
+                del init_args["classes"]
+                why = f"over {MAX_PARSED_CLASSES:,}, they would be parsed for minutes"
+                rank_zero_warn(f"{source}: its {len(classes):,} classes are not given as data.classes ({why})")
         config["data"] = {"class_path": data_hparams["_class_path"], "init_args": init_args}
     trained = {key: hparams.get(key) for key in LINKED}
     for key, kind in (("num_classes", int), ("class_names", list[str]), ("input_shape", list[int])):
@@ -363,11 +372,9 @@ def restore(
         values and shape[0] <= MAX_CHANNELS and shape[1] * shape[2] <= MAX_PIXELS and values <= 4 * MAX_PIXELS
     ):
         refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
-    for key, count in (("num_classes", trained["num_classes"] or 1), ("class_names", len(names) or 1)):
-        if not 0 < count <= MAX_CLASSES:
-            refuse(source, f"hyper_parameters.{key}", f"{count:,} classes", f"not 1 to {MAX_CLASSES:,}")
-    if long := next((name for name in names if len(name) > MAX_CLASS_NAME), None):
-        refuse(source, "hyper_parameters.class_names", f"{long[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
+    if not 0 < (trained["num_classes"] or 1) <= MAX_CLASSES:
+        refuse(source, "hyper_parameters.num_classes", trained["num_classes"], f"not 1 to {MAX_CLASSES:,}")
+    check_names(names, "hyper_parameters.class_names", source)
     if isinstance(net := config.get("model", {}).get("init_args", {}).get("net"), dict):
         check_network(net, checkpoint, source, trained)
     run_dir = own_run(path, runs_dir)
@@ -382,6 +389,14 @@ def restore(
     except ValueError as error:
         raise DamagedCheckpointError(f"{source}: {error}") from None
     return Restored(Path(path), config, trained, preprocessing, run_dir)
+
+
+def check_names(names: list, key: str, source: str) -> None:
+    """Refuse class names no classifier has: more than ``MAX_CLASSES``, or one longer than a folder's name can be."""
+    if len(names) > MAX_CLASSES:
+        refuse(source, key, f"{len(names):,} names", f"over {MAX_CLASSES:,} classes")
+    if long := next((name for name in names if not isinstance(name, str) or len(name) > MAX_CLASS_NAME), None):
+        refuse(source, key, f"{str(long)[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
 
 
 def check_network(spec: dict, checkpoint: dict, source: str, trained: dict) -> None:

@@ -459,7 +459,7 @@ def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
     torch.save([1, 2], directory / "best-epoch005.ckpt")  # no checkpoint: passed over, said
     torch.save({"callbacks": bomb}, directory / "best-epoch006.ckpt", _use_new_zipfile_serialization=False)  # legacy
-    with pytest.warns(UserWarning, match="passing over .*best-epoch006.ckpt"):
+    with pytest.warns(UserWarning, match="passing over .*best-epoch005.ckpt is not a Lightning checkpoint"):
         assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
 
 
@@ -1110,3 +1110,21 @@ def test_a_resume_says_which_trainer_settings_it_takes_from_its_runs_config_yaml
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)  # its options give max_epochs 2: they override it
     assert f"from its config.yaml: max_epochs={2**32 - 1}" in capsys.readouterr().out
+
+
+def test_a_datamodules_classes_are_held_to_the_bounds_of_class_names(trained, tmp_path):
+    checkpoint = torch.load(trained, weights_only=True)
+    folder = {"_class_path": "template.data.ImageFolderDataModule", "image_size": 8, "channels": "grayscale"}
+    for classes, refused in (
+        (["cat", "N" * 300], "longer than 255"),
+        ([f"c{i}" for i in range(70_000)], "over 65,536"),
+    ):
+        checkpoint["datamodule_hyper_parameters"] = {**folder, "classes": classes}
+        torch.save(checkpoint, tmp_path / "doctored.ckpt")
+        with pytest.raises(UnsafeCheckpointError, match=f"datamodule_hyper_parameters.classes is .*{refused}"):
+            restore.restore(tmp_path / "doctored.ckpt", ClassificationModule, None, fit=False)
+    checkpoint["datamodule_hyper_parameters"] = {**folder, "classes": [f"c{i}" for i in range(3000)]}
+    torch.save(checkpoint, tmp_path / "doctored.ckpt")  # a parse of minutes: left to the data's own folders
+    with pytest.warns(UserWarning, match="3,000 classes are not given as data.classes"):
+        restored = restore.restore(tmp_path / "doctored.ckpt", ClassificationModule, None, fit=False)
+    assert "classes" not in restored.config["data"]["init_args"]

@@ -29,7 +29,16 @@ class _ArraysOnly(pickle.Unpickler):
         if (module, name) not in self.allowed:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR-10 batch file")
         found = super().find_class(module, name)
-        return empty_array(found) if name == "_reconstruct" else found
+        return {"_reconstruct": empty_array(found), "ndarray": ArrayClass}.get(name, found)
+
+
+class ArrayClass:
+    """numpy.ndarray as a batch file names it: an argument of ``_reconstruct``, never called to make an array."""
+
+    def __new__(cls, *args, **kwargs):
+        raise pickle.UnpicklingError(
+            f"refusing an array of {args[:1]} made by calling numpy.ndarray: asked for, not held"
+        )
 
 
 def empty_array(reconstruct):
@@ -37,9 +46,9 @@ def empty_array(reconstruct):
     in (and checked against the bytes the file holds). Any other size is memory asked for in a few bytes of file."""
 
     def reconstructed(cls, shape, dtype):
-        if cls is not np.ndarray or tuple(shape) != (0,) or np.dtype(dtype).hasobject:
+        if cls is not ArrayClass or tuple(shape) != (0,) or np.dtype(dtype).hasobject:
             raise pickle.UnpicklingError(f"refusing an array of {shape} {np.dtype(dtype)} made from nothing")
-        return reconstruct(cls, shape, dtype)
+        return reconstruct(np.ndarray, shape, dtype)
 
     return reconstructed
 

@@ -23,6 +23,7 @@ import re
 import sqlite3
 import sys
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 
@@ -146,7 +147,9 @@ def check_database(path: Path, storage_url: str) -> None:
     (a recursive one never ends), a virtual table runs a module's code. Optuna makes tables and indices only."""
     if not path.is_file():
         return
-    query = "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') OR sql LIKE 'CREATE VIRTUAL%'"
+    query = (
+        "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') OR rootpage = 0 OR sql LIKE '%VIRTUAL%'"
+    )
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
             found = database.execute(query).fetchall()
@@ -161,9 +164,12 @@ def check_database(path: Path, storage_url: str) -> None:
 
 
 def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
-    if storage_url.startswith("sqlite:///"):
-        Path(storage_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        check_database(Path(storage_url.removeprefix("sqlite:///").partition("?")[0]), storage_url)
+    with contextlib.suppress(sqlalchemy.exc.ArgumentError):  # no URL: said by the storage below
+        url = sqlalchemy.engine.make_url(storage_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            path = Path(urllib.parse.urlparse(url.database).path if url.database.startswith("file:") else url.database)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            check_database(path, storage_url)  # however the URL spells it: sqlite+pysqlite:///, file: URIs
     # SQLite lets one writer in at a time; the others wait for it rather than fail at once.
     engine_kwargs = {"connect_args": {"timeout": 60}} if storage_url.startswith("sqlite") else {}
     for attempt in range(STORAGE_TRIES):

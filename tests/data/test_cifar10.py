@@ -61,6 +61,11 @@ def test_a_batch_file_asking_for_memory_it_does_not_hold_is_refused_before_it_is
             pickle.dump({"data": bomb(), "labels": []}, file)  # a few bytes asking for a terabyte
         with pytest.raises(pickle.UnpicklingError, match="refusing an array of"):
             CIFAR10DataModule(root=str(root)).setup("test")
+    bomb = type("Bomb", (), {"__reduce__": lambda self: (np.ndarray, ((1 << 40,), "B"))})  # the class itself, called
+    with (root / FOLDER / "test_batch").open("wb") as file:
+        pickle.dump({"data": bomb(), "labels": []}, file)
+    with pytest.raises(pickle.UnpicklingError, match="refusing an array of"):
+        CIFAR10DataModule(root=str(root)).setup("test")
 
 
 @pytest.mark.parametrize(

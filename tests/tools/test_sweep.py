@@ -209,6 +209,7 @@ def test_a_storage_url_that_cannot_be_opened_is_named_with_what_to_give(tmp_path
     [
         "CREATE VIEW never AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT x FROM r",
         "CREATE TRIGGER on_trial AFTER INSERT ON trials BEGIN DELETE FROM studies; END",
+        "CREATE VIRTUAL TABLE notes USING fts5(text)",
     ],
 )
 def test_a_study_database_holding_sql_of_its_own_is_refused_before_optuna_queries_it(
@@ -219,9 +220,11 @@ def test_a_study_database_holding_sql_of_its_own_is_refused_before_optuna_querie
         if "VIEW" in planted:  # Optuna's first query, of its schema's version: a view that never ends
             database.execute("DROP TABLE alembic_version")
         database.execute(planted.replace("never", "alembic_version"))
-    with pytest.raises(SystemExit):
-        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
-    assert "refusing --storage sqlite:///" in capsys.readouterr().err
+    database = tmp_path / "runs" / "optuna.db"
+    for url in (f"sqlite:///{database}", f"sqlite+pysqlite:///{database}", f"sqlite:///file:{database}?uri=true"):
+        with pytest.raises(SystemExit):  # however the URL names the file
+            main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--storage", url, *QUICK])
+        assert f"refusing --storage {url}" in capsys.readouterr().err
 
 
 def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_formulas(tmp_path, monkeypatch, capsys):
