@@ -31,12 +31,13 @@ class NaNDigits(DigitsDataModule):
 
 
 def test_a_nan_stops_training_naming_the_step_and_the_last_checkpoint_stays_good(run_cli):
+    # Its run is named after its DataModule, NaNDigits: runs/nandigits.
     # 1,168 training digits in batches of 64: 18 steps an epoch, so step 30 is epoch 1, batch 12.
     with pytest.raises(
         NonFiniteError, match=r"non-finite loss, gradient norm at global step 30, epoch 1, batch index 12"
     ):
         run_cli("fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3")
-    last = next(run_cli.runs_dir.glob("digits/version_0/checkpoints/last.ckpt"))
+    last = next(run_cli.runs_dir.glob("nandigits/version_0/checkpoints/last.ckpt"))
     checkpoint = load_checkpoint(last)
     assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 18
     assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
@@ -61,7 +62,7 @@ def test_checking_every_n_steps_names_the_first_bad_step_and_writes_no_checkpoin
             "fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3",
             "--nonfinite.check_every_n_steps", "8",
         )  # fmt: skip
-    checkpoint = load_checkpoint(next(run_cli.runs_dir.glob("digits/version_0/checkpoints/last.ckpt")))
+    checkpoint = load_checkpoint(next(run_cli.runs_dir.glob("nandigits/version_0/checkpoints/last.ckpt")))
     assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 18
     assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
 
