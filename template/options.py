@@ -23,6 +23,7 @@ EXTRA_COMMANDS = {
 # The recipe's defaults, written once: loaded before any --config file or option.
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+RUN_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,99}")  # a run's folder: a plain name, never a path
 
 # Lines of a jsonargparse error that say where it looked, not what is wrong.
 WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
@@ -187,14 +188,14 @@ def recipe_run_name() -> tuple[str | None, str | None]:
 def data_run_name(class_path: str) -> str:
     """A run name for a DataModule's runs: ImageFolderDataModule's are imagefolder, MyPhotos' myphotos."""
     name = class_path.rpartition(".")[2].removesuffix("DataModule").lower()
-    return name if re.fullmatch(r"[a-z0-9][\w.-]{0,99}", name) else "data"
+    return name if RUN_NAME.fullmatch(name) else "data"
 
 
 def trained_run_name(ckpt_path: Path) -> str | None:
     """The run a checkpoint was trained in (runs/<name>/<version>/checkpoints/), else its file name."""
     path = ckpt_path.resolve()
     name = path.parents[2].name if path.parent.name == "checkpoints" and len(path.parents) > 2 else path.stem
-    return name if re.fullmatch(r"[A-Za-z0-9][\w.-]{0,99}", name) else None
+    return name if RUN_NAME.fullmatch(name) else None
 
 
 def with_record(args: list[str], subcommand: str, record: str) -> list[str]:

@@ -137,7 +137,8 @@ class Refused(UnsafeCheckpointError):
 
 
 def refuse(source: str, key: str, value: Any, why: str) -> typing.NoReturn:
-    shown = f"{value!r:.200}{'...' if len(repr(value)) > 200 else ''}"  # a file's value: it may be megabytes long
+    shown = repr(value)  # a file's value: it may be megabytes long
+    shown = f"{shown[:200]}..." if len(shown) > 200 else shown
     raise Refused(f"refusing {source}: its {key} is {shown}, {why}; nothing from it was imported or run")
 
 
@@ -380,10 +381,8 @@ def restore(
     run_dir = own_run(path, runs_dir)
     if fit and run_dir is not None:
         config.update(resumed_settings(run_dir / "config.yaml"))
-    if len(json.dumps(config)) > MAX_RECORD:  # the command parses it again, as YAML: its time grows with the size
-        refuse(
-            source, "record", f"{len(json.dumps(config)):,} characters", f"over the {MAX_RECORD:,} a run's record takes"
-        )
+    if (size := len(json.dumps(config))) > MAX_RECORD:  # the command parses it again, as YAML: time grows with size
+        refuse(source, "record", f"{size:,} characters", f"over the {MAX_RECORD:,} a run's record takes")
     try:
         preprocessing = recorded_preprocessing(checkpoint)
     except ValueError as error:
