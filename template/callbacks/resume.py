@@ -14,19 +14,27 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torchmetrics import Metric
 
 from template.checkpoints import restoring
 from template.compat import at_last_batch, kill_launched
 
-RNG_KEY = "rng_states"
+RNG_KEY, METRICS_KEY = "rng_states", "training_metrics"
 # A SIGTERM this soon after the first is the same one delivered twice: timeout(1) signals the process and then
 # its group, and Lightning forwards rank 0's to the ranks it launched.
 REPEAT_AFTER_S = 2.0
 
 
+def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
+    """The module's metrics an epoch of training gathers (``train_acc``): those of tensor states (not lists)."""
+    found = [(name, m) for name, m in module.named_modules() if isinstance(m, Metric) and name.startswith("train")]
+    return [(name, m) for name, m in found if all(isinstance(v, torch.Tensor) for v in m.metric_state.values())]
+
+
 class ResumeState(Callback):
-    """Exact resume: the global random-number state (augmentation, dropout) in every checkpoint, restored at
-    ``on_train_start``; and a checkpoint on SIGTERM.
+    """Exact resume: the global random-number state (augmentation, dropout) and the epoch's training metrics so far
+    (the module's torchmetrics named ``train...``: its train/acc covers the whole epoch) in every checkpoint, restored
+    at ``on_train_start``; and a checkpoint on SIGTERM.
 
     On SIGTERM, Lightning raises ``SIGTERMException`` after the running step, on every rank; this writes
     ``preempted_filename`` beside the other checkpoints and the CLI exits with 143, saying how to resume (SLURM's
@@ -38,6 +46,7 @@ class ResumeState(Callback):
     def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
         self.preempted_filename = preempted_filename
         self._pending: dict[str, Any] | None = None
+        self._metrics: Any = None  # a checkpoint's training metrics of the epoch it stopped in
         self._in_batches = False  # Lightning reads its SIGTERM flag after the running batch
         self._first_sigterm: float | None = None
         self._watch: tuple[threading.Thread, int, int, int] | None = None  # thread, pipe ends, previous fd
@@ -52,11 +61,26 @@ class ResumeState(Callback):
         }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             states["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint[METRICS_KEY] = metrics = {"epoch": trainer.current_epoch}
+        for name, metric in training_metrics(pl_module):
+            with metric.sync_context():  # every rank's images (each rank saves; rank 0's file is kept)
+                metrics[name] = {key: value.clone() for key, value in metric.metric_state.items()}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._pending = checkpoint.get(RNG_KEY)
+        self._pending, self._metrics = checkpoint.get(RNG_KEY), checkpoint.get(METRICS_KEY)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metrics, self._metrics = self._metrics, None
+        if isinstance(metrics, dict) and metrics.get("epoch") == trainer.current_epoch and trainer.is_global_zero:
+            with restoring(trainer.ckpt_path, f"its {METRICS_KEY}"):  # resumed within the epoch: on with its images
+                for name, metric in training_metrics(pl_module):  # on rank 0 alone: the ranks' sum is the whole
+                    for key, value in metric.metric_state.items() if name in metrics else ():  # one added since
+                        saved = metrics[name].get(key)
+                        if not (
+                            isinstance(saved, torch.Tensor) and saved.shape == value.shape and saved.isfinite().all()
+                        ):
+                            raise ValueError(f"{name}.{key} is no finite tensor of shape {tuple(value.shape)}")
+                        setattr(metric, key, saved.to(value.device, value.dtype))
         if (states := self._pending) is None:
             return
         self._pending = None

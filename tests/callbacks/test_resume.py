@@ -146,6 +146,9 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_run_resumes_exactly(tm
     assert_same_weights(
         weights(tmp_path / "straight" / "digits" / "version_0" / "checkpoints" / "last.ckpt"), final["state_dict"]
     )
+    # The epoch stopped within reports the accuracy of all its batches (it was of those after the resume alone).
+    accuracy = [scalars(runs / "digits" / "version_0")["train/acc"] for runs in (tmp_path / "straight", runs)]
+    assert len(accuracy[0]) == 8 and accuracy[1] == accuracy[0]
 
 
 @pytest.mark.slow
