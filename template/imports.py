@@ -1,6 +1,7 @@
 """Your modules in the working directory, and no others from there: ``--model my_module.F1Module`` finds
 ``my_module.py`` where you run, while a library's optional import (``tabulate``, ``tensorflow``) never finds a file
-of that name in a folder you happen to run in (a stranger's run directory, an unpacked archive)."""
+of that name in a folder you happen to run in (a stranger's run directory, an unpacked archive), even where a path
+the command names reads like a module (``--ckpt_path tabulate.ckpt``)."""
 
 import contextlib
 import importlib.abc
@@ -16,6 +17,8 @@ from template.files import read_at_most
 CONFIG_FILE = re.compile(r"[^\s'\"=,:\[\]{}]+\.(?:ya?ml|json)\b")  # a file a --config option or a config names
 DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.[A-Za-z_]")  # my_module.F1Module: its first name
 MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH = 1 << 20, 4
+# Where a class path is imported: by jsonargparse, parsing one; in restore.py, one a checkpoint is named again with.
+CLASS_IMPORTS = {("jsonargparse", "import_object"), ("template", "lookup"), ("template", "named")}
 
 
 def named_modules(args: list[str]) -> set[str]:
@@ -35,14 +38,17 @@ def named_modules(args: list[str]) -> set[str]:
 
 
 class OwnModules(importlib.abc.MetaPathFinder):
-    """Finds, after every other finder, a top-level module in ``folder`` that a command names, or that a module so
-    found imports (``my_module`` importing ``my_helpers``)."""
+    """Finds, after every other finder, a top-level module in ``folder`` that a command names as a class's module
+    (jsonargparse imports it for ``--model``, ``class_path``...), or that a module so found imports (``my_module``
+    importing ``my_helpers``); never one a library asks for, whatever the command's words."""
 
     def __init__(self, folder: str, names: set[str]) -> None:
         self.folder, self.names, self.found = folder, names, set()
 
     def find_spec(self, name: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
-        if path is not None or not (name in self.names or importer(inspect.currentframe()) in self.found):
+        module, function = importer(inspect.currentframe())
+        as_a_class = name in self.names and (module, function) in CLASS_IMPORTS
+        if path is not None or not (as_a_class or module in self.found):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, [self.folder])
         if spec is not None:
@@ -50,17 +56,16 @@ class OwnModules(importlib.abc.MetaPathFinder):
         return spec
 
 
-def importer(frame) -> str:
-    """The first name of the module whose code asks for an import, past the import machinery's frames."""
+def importer(frame) -> tuple[str, str]:
+    """The first name of the module, and the function, whose code asks for an import, past the import machinery's
+    frames (pkgutil.resolve_name's too)."""
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if (
-            not (module.startswith("importlib") or frame.f_code.co_filename.startswith("<frozen"))
-            and module != __name__
-        ):
-            return module.partition(".")[0]
+        if not (module.startswith(("importlib", "pkgutil")) or frame.f_code.co_filename.startswith("<frozen")):
+            if module != __name__:
+                return module.partition(".")[0], frame.f_code.co_name
         frame = frame.f_back
-    return ""
+    return "", ""
 
 
 def find_own_modules(args: list[str]) -> None:

@@ -1,5 +1,6 @@
 """Ordinary customisations give what the user asked for: no silent wrong result, no hint that leads nowhere."""
 
+import importlib
 import re
 import shlex
 import shutil
@@ -53,6 +54,38 @@ def test_an_option_name_must_match_exactly_and_a_misspelt_one_names_the_nearest(
         main(["fit", *tiny_args(tmp_path / "runs"), "--trainer.max_epoch", "5"])
     error = capsys.readouterr().err
     assert "--trainer.max_epoch: no such option; did you mean --trainer.max_epochs?" in error
+
+
+def test_a_path_that_reads_like_a_module_lets_no_library_import_a_file_where_you_run(tmp_path, monkeypatch):
+    """``--ckpt_path tabulate.ckpt`` named ``tabulate``: a library's ``import tabulate`` then ran tabulate.py of an
+    unpacked archive. Only the class paths jsonargparse imports, and their own imports, come from where you run."""
+    import jsonargparse
+
+    from template.imports import OwnModules, named_modules
+
+    for planted in ("plantedtab", "plantedtf"):  # as a library's optional imports would be named
+        (tmp_path / f"{planted}.py").write_text(f"open({str(tmp_path / planted)!r} + '-ran', 'w')\n")
+    (tmp_path / "my_nets.py").write_text("import my_layers\n\n\nclass Net(my_layers.Base):\n    pass\n")
+    (tmp_path / "my_layers.py").write_text("class Base:\n    pass\n")
+    args = [
+        "predict",
+        "--ckpt_path",
+        "plantedtab.ckpt",
+        "--data.predict_path",
+        "plantedtf.images",
+        "--net",
+        "my_nets.Net",
+    ]
+    finder = OwnModules(str(tmp_path), named_modules(args))
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))  # the modules found here leave with the test
+    for planted in ("plantedtab", "plantedtf"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(planted)  # as a library's `try: import tabulate` asks
+        assert not (tmp_path / f"{planted}-ran").exists()
+    parser = jsonargparse.ArgumentParser()
+    parser.add_argument("--net", type=type)
+    assert parser.parse_args(["--net", "my_nets.Net"]).net.__module__ == "my_nets"  # and its own import, found
 
 
 @pytest.mark.parametrize(
