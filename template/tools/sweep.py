@@ -33,6 +33,7 @@ from rich.table import Table
 
 from template.callbacks.nonfinite import NonFiniteError
 from template.callbacks.predictions import spreadsheet_safe
+from template.checkpoints import monitored_score
 from template.cli import PROGRAM
 from template.text import shown, shown_command
 
@@ -56,6 +57,13 @@ SUGGEST = {  # type: (required, optional) keys of its entry, as Optuna's suggest
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # a plain name: a folder of the runs, never a path
 POLL_SECONDS = 2.0  # how often a worker with nothing left to start looks at the others' trials
 STORAGE_TRIES = 5  # how often a worker tries to open the study's storage (workers started together race)
+# Optuna reads these with json.loads, which "[" * 1000 sends past Python's recursion limit (a RecursionError naming
+# nothing): a value's brackets bound how deep it nests, and a study's own hold a few (its space: one an entry).
+JSON_COLUMNS = {"trial_params": "distribution_json"} | {
+    f"{owner}_{kind}_attributes": "value_json" for owner in ("study", "trial") for kind in ("user", "system")
+}
+MAX_BRACKETS = 500
+DEEP_JSON = "SELECT 1 FROM {0} WHERE length({1}) - length(replace(replace({1}, '[', ''), '{{', '')) > ?"
 
 
 class OutsideTheSpace(Exception):
@@ -142,9 +150,19 @@ def checked_params(trial, space: dict[str, dict], source: str, error: type[Excep
     return params
 
 
+def checked_run(trial, run_dir: Path, sign: float, source: str) -> None:
+    """A trial's value as its run's best checkpoint recorded it: any worker can write a trial, with any value, into the
+    study's database; only a run here backs it (another machine's, on no shared folder, is passed over too)."""
+    bests = [path for path in run_dir.glob("checkpoints/**/*.ckpt") if path.stem not in ("last", "preempted")]
+    scores = [sign * score for path in bests if (score := monitored_score(path)) is not None]
+    if not (run_dir / "config.yaml").is_file() or not any(math.isclose(score, trial.value) for score in scores):
+        raise ValueError(f"refusing {source}: {run_dir} has no config.yaml and best checkpoint of {trial.value!r}")
+
+
 def check_database(path: Path, storage_url: str) -> None:
     """Refuse a SQLite study file that holds SQL of its author's: a view or trigger runs inside Optuna's own queries
-    (a recursive one never ends), a virtual table runs a module's code. Optuna makes tables and indices only."""
+    (a recursive one never ends), a virtual table runs a module's code. Optuna makes tables and indices only. Refuse
+    JSON nested past what Optuna's reader goes, too."""
     if not path.is_file():
         return
     query = (
@@ -153,6 +171,12 @@ def check_database(path: Path, storage_url: str) -> None:
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
             found = database.execute(query).fetchall()
+            tables = [] if found else [name for (name,) in database.execute("SELECT name FROM sqlite_master")]
+            deep = [
+                name
+                for name, column in JSON_COLUMNS.items()
+                if name in tables and database.execute(DEEP_JSON.format(name, column), (MAX_BRACKETS,)).fetchone()
+            ]
     except sqlite3.DatabaseError as error:
         raise ValueError(f"--storage {storage_url}: not a readable SQLite database ({error})") from None
     if found:
@@ -160,6 +184,11 @@ def check_database(path: Path, storage_url: str) -> None:
         raise ValueError(
             f"refusing --storage {storage_url}: it holds {held}, which no Optuna study makes (its SQL would run inside "
             "every query); use a study database Optuna made, or another --storage"
+        )
+    if deep:
+        raise ValueError(
+            f"refusing --storage {storage_url}: its table {deep[0]} holds JSON with over {MAX_BRACKETS} brackets, nested "
+            "past what Optuna's reader (json.loads) can read; use a study database Optuna made, or another --storage"
         )
 
 
@@ -281,7 +310,8 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     for trial in trials:
         value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
         params = [trial.params.get(name, "") for name in names]
-        run_dir = str(out_dir / f"trial_{trial.number:03d}")
+        run_dir = out_dir / f"trial_{trial.number:03d}"
+        run_dir = str(run_dir) if run_dir.is_dir() else ""  # none here: another machine's, or never run
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, run_dir])
     # The parameters' names and values are the database's word: in the CSV, neither a formula nor an escape sequence.
     safe = [
@@ -307,14 +337,17 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     # best.yaml is this worker's own fit options plus the best trial's values checked against the local space:
     # any worker writes the database, so no text from it is parsed, and a trial outside the space is passed over.
     done = [trial for trial in trials if trial.state == TrialState.COMPLETE and trial.value is not None]
-    for best in sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE"):
+    maximize = study.direction.name == "MAXIMIZE"
+    for best in sorted(done, key=lambda t: t.value, reverse=maximize):
+        source = f"trial {best.number} of study {study.study_name}"
         try:
-            params = checked_params(best, space, f"trial {best.number} of study {study.study_name}")
+            params = checked_params(best, space, source)
+            checked_run(best, out_dir / f"trial_{best.number:03d}", 1.0 if maximize else -1.0, source)
             break
         except ValueError as error:
             console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
     else:
-        console.print("no trial completed within the space: no best.yaml")
+        console.print("no trial completed within the space and backed by its run here: no best.yaml")
         return
     config = fits.resolved_config([*fit_args, *as_options(params)])
     logger = loggers_of(config)[0]

@@ -153,11 +153,7 @@ def test_a_poisoned_study_never_writes_its_text_into_best_yaml(tmp_path, monkeyp
     the best trial's values, each checked against the local space; no configuration text from it is parsed."""
     study = started_study(tmp_path, monkeypatch)
     planted = "model:\n  class_path: os.system\n  init_args: {command: touch pwned}\n"
-    lr = {"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 3e-3, log=True)}
-    study.add_trial(optuna.trial.create_trial(
-        params={"model.optimizer.init_args.lr": 2e-3}, value=1.0, user_attrs={"config": planted, "run_dir": "\n#x"},
-        distributions=lr,
-    ))  # fmt: skip
+    study.enqueue_trial({"model.optimizer.init_args.lr": 2e-3}, user_attrs={"config": planted, "note": "\n#x"})
     main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
     best = (tmp_path / "runs" / "lr" / "best.yaml").read_text()
     assert "os.system" not in best and "#x" not in best
@@ -266,3 +262,46 @@ def test_running_trials_that_never_sent_a_heartbeat_are_failed_not_waited_for(tm
     subprocess.run([*command, "--heartbeat_interval", "1"], cwd=tmp_path, check=True, timeout=120, capture_output=True)
     states = [trial.state for trial in load(tmp_path, "lr").get_trials()]
     assert states[:3] == [TrialState.FAIL] * 3 and states[3:].count(TrialState.COMPLETE) == 2
+
+
+def test_json_nested_past_optuna_s_reader_is_refused_naming_the_database_and_table(tmp_path, monkeypatch, capsys):
+    """Optuna reads a study's attributes and a trial's parameters with json.loads: deep enough, a RecursionError."""
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    sweep = ["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK]
+    main(sweep)
+    database = tmp_path / "runs" / "optuna.db"
+    made = database.read_bytes()
+    for table, column, deep in [
+        ("study_user_attributes", "value_json", "[" * 100_000 + "]" * 100_000),
+        ("trial_user_attributes", "value_json", '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"),
+        ("trial_params", "distribution_json", '{"name": ' + "{" * 5_000 + "}" * 5_000 + "}"),
+    ]:
+        database.write_bytes(made)
+        with sqlite3.connect(database) as study:
+            assert study.execute(f"UPDATE {table} SET {column} = ?", (deep,)).rowcount
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            main(sweep)
+        assert f"refusing --storage sqlite:///{database}: its table {table} holds JSON" in capsys.readouterr().err
+
+
+def test_a_complete_trial_planted_in_the_database_is_never_the_best_one(tmp_path, monkeypatch, capsys):
+    """A trial's value is the database's word, which any worker writes: only its run's best checkpoint backs it."""
+    monkeypatch.chdir(tmp_path)
+    space_file(tmp_path)
+    sweep = ["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK]
+    main(sweep)
+    with sqlite3.connect(tmp_path / "runs" / "optuna.db") as study:  # trial 1, trial 0's copy: never run, scoring 1e9
+        columns = "study_id, state, datetime_start, datetime_complete"
+        planted = study.execute(f"INSERT INTO trials (number, {columns}) SELECT 1, {columns} FROM trials").lastrowid
+        for table, copied in [
+            ("trial_values", "objective, 1e9, value_type"),
+            ("trial_params", "param_name, 2e-3, distribution_json"),
+        ]:
+            study.execute(f"INSERT INTO {table} SELECT NULL, ?, {copied} FROM {table}", (planted,))
+    capsys.readouterr()
+    main(sweep)
+    assert "refusing trial 1 of study lr: " in capsys.readouterr().out
+    best = (tmp_path / "runs" / "lr" / "best.yaml").read_text()
+    assert "(trial 0, " in best.splitlines()[0] and "lr: 0.002\n" not in best
