@@ -59,11 +59,7 @@ def place_run(
         name, version = logger.init_args.name, logger.init_args.get("version")
         folders = [str(f) for f in (name, f"version_{version}" if type(version) is int else version) if f]
         run = Path(logger.init_args.save_dir, *folders)  # save_dir resolved: a link there is the user's choice
-        if linked := [folder for folder in (run, run.parent) if folder.is_symlink()]:  # unpacked from elsewhere
-            raise ValueError(
-                f"{linked[0]} is a symbolic link (to {os.readlink(linked[0])}); a run writes only into folders of its "
-                "own: remove it, or set --trainer.logger.init_args.save_dir (which may be a link) to the folder you mean"
-            )
+        check_own_folders(Path(logger.init_args.save_dir), run)
         # Lightning only warns, then writes over its config.yaml, metrics and last.ckpt, and `best` finds the old best.
         if resumed is None and version not in (None, "") and run.is_dir() and any(run.iterdir()):
             fix = "move it away (sweep: or give another --study_name)"
@@ -79,3 +75,14 @@ def place_run(
         if resumed is not None:
             continue_tracker_runs(trackers, resumed)
         config.trainer.logger = [logger, *resolve_trackers(trackers, runs_dir(config), name)]
+
+
+def check_own_folders(save_dir: Path, run: Path) -> None:
+    """Refuse a link, or no folder, from ``save_dir`` down to ``run``: it would lead a run's writes out of the runs."""
+    for folder in sorted(f for f in (run, *run.parents) if save_dir in f.parents):
+        if folder.is_symlink() or folder.exists() and not folder.is_dir():
+            what = f"a symbolic link (to {os.readlink(folder)})" if folder.is_symlink() else "no folder"
+            raise ValueError(
+                f"{folder} is {what}; a run writes only into folders of its own: remove it, or set "
+                "--trainer.logger.init_args.save_dir (which may be a link) to the folder you mean"
+            )

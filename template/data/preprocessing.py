@@ -99,8 +99,8 @@ def check_preprocessing(record: Any, source: str) -> dict:
 
 def recorded_preprocessing(checkpoint: dict) -> dict | None:
     """The preprocessing record in a Lightning checkpoint (its DataModule's state), checked; None if it has none."""
-    for key, state in checkpoint.items():
-        if key not in ("hyper_parameters", "datamodule_hyper_parameters") and isinstance(state, dict):
-            if "preprocessing" in state:
-                return check_preprocessing(state["preprocessing"], f"checkpoint key {key!r}")
-    return None
+    keys = [key for key, state in checkpoint.items() if isinstance(state, dict) and "preprocessing" in state]
+    keys = [key for key in keys if key not in ("hyper_parameters", "datamodule_hyper_parameters")]
+    if len(keys) > 1:  # export would read one, evaluation the one under its DataModule's name
+        raise ValueError(f"preprocessing records under keys {', '.join(map(repr, keys))[:200]}: fit writes one, edited")
+    return check_preprocessing(checkpoint[keys[0]]["preprocessing"], f"checkpoint key {keys[0]!r}") if keys else None

@@ -45,7 +45,7 @@ try:
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
 from template.files import write_atomic
-from template.runs import is_tensorboard, loggers_of
+from template.runs import check_own_folders, is_tensorboard, loggers_of
 from template.tools import fits
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -411,6 +411,7 @@ def main(args: list[str]) -> None:
     config = fits.checked_config(fit_args, example_options(space), blame)
     fit_args = [*fit_args, *one_process(config)]
     runs_dir, _ = fits.runs_place(config)
+    check_own_folders(runs_dir, runs_dir / options.study_name)  # trials.csv's, best.yaml's: trials may be others'
     monitor, mode = fits.monitored(config)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what each trial did
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # fail_stale_trials, heartbeats

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import tiny_args
 
 from template.commands import main
 from template.data import DigitsDataModule, ImageFolderDataModule
@@ -40,6 +41,18 @@ def test_cv_runs_every_fold_and_reports_mean_and_std_over_disjoint_folds_coverin
     assert len(every) == len(set(every.tolist())) == pooled  # disjoint, and together all of train + val
     main(["cv", "--folds", "2", *quick])
     assert (tmp_path / "runs" / "digits" / "cv_1" / "cv.csv").is_file()  # a rerun leaves the first alone
+
+
+def test_a_run_name_linked_out_of_the_runs_directory_is_refused_before_any_fold_is_written(tmp_path, capsys):
+    """runs/<name> a link (an unpacked stranger's): cv's folds and cv.csv, at runs/<name>/cv_0, went where it led."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "digits").symlink_to(outside)
+    with pytest.raises(SystemExit, match="1"):
+        main(["cv", "--folds", "2", *tiny_args(tmp_path / "runs"), "--trainer.max_epochs", "1"])
+    assert f"{tmp_path / 'runs' / 'digits'} is a symbolic link (to {outside})" in capsys.readouterr().err
+    assert list(outside.iterdir()) == []
 
 
 def test_folds_are_stratified_seeded_and_leave_the_test_split_alone():

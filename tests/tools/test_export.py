@@ -141,6 +141,20 @@ def test_a_checkpoint_without_a_preprocessing_record_exports_with_a_warning(chec
     assert not carried["preprocessing.json"]
 
 
+def test_a_second_preprocessing_record_is_refused_by_export_and_evaluation_alike(checkpoint, tmp_path, capsys):
+    """Export read the first record, evaluation its DataModule's: planted ahead, another normalisation was exported."""
+    state = torch.load(checkpoint, weights_only=True)
+    other = {**recorded_preprocessing(state), "mean": [0.0], "std": [1.0]}
+    planted = tmp_path / "planted.ckpt"
+    torch.save({"Evil": {"preprocessing": other}, **state}, planted)
+    runs = ["--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    for command in (["export", "--format", "safetensors"], ["validate", *runs]):
+        with pytest.raises(SystemExit, match="1"):
+            main([*command, "--ckpt_path", str(planted)])
+        assert f"{planted}: preprocessing records under keys 'Evil', 'DigitsDataModule'" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.safetensors")) and not (tmp_path / "runs").exists()
+
+
 def write_new_images(folder: Path) -> Path:
     """Images unlike the training ones: other sizes and aspect ratios, grey, RGBA, a sideways EXIF photo."""
     rng = np.random.default_rng(1)

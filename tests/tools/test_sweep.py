@@ -173,6 +173,21 @@ def test_a_poisoned_study_never_writes_its_text_into_best_yaml(tmp_path, monkeyp
     assert "--study_name '../elsewhere': a plain name" in capsys.readouterr().err
 
 
+def test_a_study_folder_linked_elsewhere_is_refused_when_every_trial_is_another_worker_s(tmp_path, monkeypatch, capsys):
+    """runs/<study> a link and no trial left to run here (so no run placed): trials.csv and best.yaml went through it."""
+    study = started_study(tmp_path, monkeypatch)
+    lr = {"model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-3, 3e-3, log=True)}
+    study.add_trial(
+        optuna.trial.create_trial(params={"model.optimizer.init_args.lr": 2e-3}, value=1.0, distributions=lr)
+    )
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "runs" / "lr").symlink_to(tmp_path / "outside")
+    with pytest.raises(SystemExit, match="1"):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", *QUICK])
+    assert f"{tmp_path / 'runs' / 'lr'} is a symbolic link" in capsys.readouterr().err
+    assert list((tmp_path / "outside").iterdir()) == []
+
+
 def test_a_trial_enqueued_outside_the_space_fails_without_running(tmp_path, monkeypatch):
     study = started_study(tmp_path, monkeypatch)
     study.enqueue_trial({"model.optimizer.init_args.lr": 50.0})  # another worker's (anyone's) database row
