@@ -8,6 +8,7 @@ import io
 import itertools
 import os
 import pickle
+import re
 import stat
 import time
 import zipfile
@@ -36,6 +37,13 @@ MAX_VALUES = 1 << 22  # values and containers in a whole checkpoint (Adam's stat
 MAX_COUNT, RECORDS = 1 << 32, ("/hyper_parameters/", "/datamodule_hyper_parameters/")
 # Checked by template.restore against the registry and the network, and changed by the user's options: not compared.
 OWN_CHECKS = {"state_dict", "hyper_parameters", "datamodule_hyper_parameters"}
+# What training moves in an optimizer's groups and a schedule's state (steps, rates, a length re-planned to the run,
+# ids, ReduceLROnPlateau's and warm restarts' counters, the momentum OneCycleLR and CyclicLR cycle): all else is held.
+SETTINGS = re.compile(r"(param_groups\[\d+\]|^lr_schedulers\[\d+\])$")
+MOVED = re.compile(r"param_groups\[\d+\]/(lr)$|^/lr_schedulers.*/(last_epoch|_step_count)$")  # bounded: check_resume
+PROGRESS = {"params", "lr", "last_epoch", "_step_count", "_last_lr", "total_steps", "warmup_steps", "best", "T_i"}
+PROGRESS |= {"num_bad_epochs", "cooldown_counter", "T_cur"}
+CYCLED, RATE = {"momentum", "betas"}, re.compile(r"lrs?(\[\d+\])?$")
 
 
 class CheckpointError(RuntimeError):
@@ -444,14 +452,23 @@ def verify_digest(checkpoint: dict, source: str) -> None:
         )
 
 
-def check_like(value: Any, like: Any, source: str, key: str = "") -> None:
+def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = False, free: set = PROGRESS) -> None:
     """Refuse a checkpoint's state (``value``) that is not of the kinds this run keeps (``like``, what it would save
     now; OWN_CHECKS left out): a number where it keeps one (an int for a float), a tensor of its dtype, at least as
     many items as it has (fewer would leave some unrestored; more are a run's later groups, an unfrozen backbone's;
-    only tensors: a state per GPU), the same kind of anything else; where it keeps None, anything."""
+    only tensors: a state per GPU), the same kind of anything else; where it keeps None, anything. Where ``held``
+    (an optimizer's groups, a schedule's state): no key this run's lacks (torch makes each key a schedule's attribute,
+    ``get_lr`` too), and but for progress (``free``) the very values this run's recorded config built."""
     if isinstance(like, dict) and isinstance(value, dict):
+        held = held or bool(SETTINGS.search(key))
+        if held and (unknown := [name for name in value if name not in like]):
+            raise DamagedCheckpointError(
+                f"refusing {source}: its {key} holds {unknown[0]!r:.80}, a key this run's has not: saved by another "
+                "program or made up; use another checkpoint"
+            )
         for name in [name for name in value if name in like and (key or name not in OWN_CHECKS)]:
-            check_like(value[name], like[name], source, f"{key}.{name}" if key else str(name))
+            inner = f"{key}.{name}" if key else str(name)
+            check_like(value[name], like[name], source, inner, held and name not in free, free)
     elif isinstance(like, list | tuple) and isinstance(value, list | tuple):
         if len(value) < len(like) and not all(isinstance(item, torch.Tensor) for item in like):
             raise DamagedCheckpointError(
@@ -459,7 +476,7 @@ def check_like(value: Any, like: Any, source: str, key: str = "") -> None:
                 "by another program or damaged; use another checkpoint"
             )
         for index, (item, model) in enumerate(zip(value, like)):
-            check_like(item, model, source, f"{key}[{index}]")
+            check_like(item, model, source, f"{key}[{index}]", held, free)
     elif not (like is None or type(value) is type(like) or (type(like), type(value)) == (float, int)) or (
         isinstance(like, torch.Tensor) and value.dtype != like.dtype
     ):
@@ -468,6 +485,28 @@ def check_like(value: Any, like: Any, source: str, key: str = "") -> None:
             f"refusing {source}: its {key} is {value!r:.80}, where this run keeps a {kind}: saved by another program "
             "or damaged; use another checkpoint"
         )
+    elif held and not (torch.equal(value, like) if isinstance(like, torch.Tensor) else value == like):
+        raise DamagedCheckpointError(
+            f"refusing {source}: its {key} is {value!r:.80}, where this run's recorded settings give {like!r:.80}: "
+            "restored, it would train on with settings no record holds; use the run's own checkpoint"
+        )
+
+
+def check_resume(value: dict, like: dict, source: str) -> None:
+    """``check_like``; then a saved learning rate from 0 to the highest any of this run's schedules sets (OneCycleLR's
+    and CyclicLR's max_lr, above their start; the others' base), schedule counts to the saved steps and epochs."""
+    states = {name: like.get(name) for name in ("optimizer_states", "lr_schedulers")}
+    cycled = any(name.endswith("/cycle_momentum") and on is True for name, on in _leaves(states))
+    check_like(value, like, source, free=PROGRESS | CYCLED if cycled else PROGRESS)
+    peak = max((v for k, v in _leaves(states) if RATE.search(k) and type(v) in (int, float)), default=float("inf"))
+    for name, moved in _leaves({name: value.get(name) for name in states}):
+        if (found := MOVED.search(name)) and type(moved) in (int, float):
+            bound = peak * (1 + 1e-6) if found[1] else value.get("global_step", 0) + value.get("epoch", 0) + 2
+            if not 0 <= moved <= bound:  # (a rate may round up in its last bit; a schedule steps once when built)
+                raise DamagedCheckpointError(
+                    f"refusing {source}: its {spoken(name)} is {moved!r}, where this run's schedules go from 0 to "
+                    f"{bound:g}: damaged or made up; use another checkpoint"
+                )
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch import nn
 
-from template.checkpoints import check_like, restoring
+from template.checkpoints import check_resume, restoring
 
 
 def logged_params(params: Any) -> dict[str, Any]:
@@ -56,7 +56,7 @@ class _NamingRestore(_CheckpointConnector):
     def restore_training_state(self) -> None:
         with restoring(self._ckpt_path):
             if self._loaded_checkpoint:
-                check_like(self._loaded_checkpoint, self.dump_checkpoint(weights_only=False), str(self._ckpt_path))
+                check_resume(self._loaded_checkpoint, self.dump_checkpoint(weights_only=False), str(self._ckpt_path))
             super().restore_training_state()
 
 

@@ -799,6 +799,10 @@ def doubled(times: int) -> list:
     return value
 
 
+def group(checkpoint: dict, index: int) -> dict:
+    return checkpoint["optimizer_states"][0]["param_groups"][index]
+
+
 def weights_as(checkpoint: dict, dtype: torch.dtype) -> None:
     checkpoint["state_dict"]["net.head.weight"] = checkpoint["state_dict"]["net.head.weight"].to(dtype)
 
@@ -821,6 +825,42 @@ STATE_ATTACKS = {
         lambda c: c["optimizer_states"][0]["param_groups"][0].update(lr="x"),
     ),
     "no optimizer state": ("fit", "optimizer_states", lambda c: c.update(optimizer_states=[])),
+    # Settings no record holds, which torch restores over the run's: a silently other run, or code's attributes.
+    "an optimizer group that maximizes the loss": (
+        "fit",
+        "optimizer_states[0].param_groups[1].maximize is True, where this run's recorded settings give False",
+        lambda c: group(c, 1).update(maximize=True),
+    ),
+    "an optimizer group's other weight decay": (
+        "fit",
+        "optimizer_states[0].param_groups[0].weight_decay is 5.0, where this run's recorded settings give 0.05",
+        lambda c: group(c, 0).update(weight_decay=5.0),
+    ),
+    "a learning rate above any the schedule sets": (
+        "fit",
+        "optimizer_states[0].param_groups[0].lr is 1000000000.0",
+        lambda c: group(c, 0).update(lr=1e9),
+    ),
+    "a schedule's key that would replace a method": (
+        "fit",
+        "lr_schedulers[0] holds 'lr_factor'",
+        lambda c: c["lr_schedulers"][0].update(lr_factor=1),
+    ),
+    "a schedule's key that would replace its optimizer": (
+        "fit",
+        "lr_schedulers[0] holds 'optimizer'",
+        lambda c: c["lr_schedulers"][0].update(optimizer=1),
+    ),
+    "a schedule's other base rates": (
+        "fit",
+        "lr_schedulers[0].base_lrs[0] is 1.0, where this run's recorded settings give 0.003",
+        lambda c: c["lr_schedulers"][0].update(base_lrs=[1.0, 1.0]),
+    ),
+    "a schedule counted past the checkpoint's steps": (
+        "fit",
+        "lr_schedulers[0].last_epoch is 1000",
+        lambda c: c["lr_schedulers"][0].update(last_epoch=1000),
+    ),
     "a loop counter of another type": (
         "fit",
         "loops.fit_loop.epoch_progress.current.completed",
