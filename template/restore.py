@@ -579,13 +579,16 @@ def fit_data(restored: Restored, data: Any) -> None:
         then, now = (list(v) if isinstance(v, list | tuple) else v for v in (then, now))
         if then is not None and now is not None and then != now:
             mismatches.append(f"{what}: trained on {then}, the data gives {now}")
+    recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
     if mismatches:
+        same = recorded and named(recorded["class_path"])[1] is type(data)  # another DataModule: its own options
+        given = differences(recorded["init_args"], data.hparams, "data", "recorded") if same else []
         raise ValueError(
             f"{restored.path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
-            "that change them (on the command line or in a --config file): evaluating a checkpoint starts from the "
-            "data it was trained with."
+            f"that change them (on the command line or in a --config file{': ' if given else ''}{'; '.join(given)})"
+            f": {'a resume' if restored.command == 'fit' else 'evaluating a checkpoint'} starts from the data it "
+            "was trained with."
         )
-    recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
     if split and recorded:  # compared for its run's DataModule alone: another's options split other images
         cls = named(recorded["class_path"])[1]
         saved = {name: value for name, value in recorded["init_args"].items() if SPLIT_NAMES.search(name)}

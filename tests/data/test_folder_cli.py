@@ -39,12 +39,13 @@ def test_fit_with_the_imagefolder_config_keeps_class_names_and_predict_names_fil
     validated = run_cli("validate", "--config", str(tmp_path / "evaluate.yaml"), *where)
     assert isinstance(validated.datamodule, ImageFolderDataModule) and "val/acc" in validated.trainer.callback_metrics
 
-    # The config's own image size (32) is not the one it was trained at (16): an error, not a silent resize.
-    with pytest.raises(
-        ValueError, match=r"inputs \(channels, height, width\): trained on \[3, 16, 16\], the data gives \[3, 32, 32\]"
-    ):
+    # The config's own image size (32) is not the one it was trained at (16): an error, not a silent resize, naming
+    # the option that made it (the config's `image_size: null` over the recorded 16), not only the shapes.
+    with pytest.raises(ValueError) as error:
         run_cli("predict", "--config", str(CONFIG), "--data.root", str(image_folder), "--data.num_workers", "0",
                 "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)  # fmt: skip
+    assert "inputs (channels, height, width): trained on [3, 16, 16], the data gives [3, 32, 32]" in str(error.value)
+    assert "data.image_size 16 recorded, None given" in str(error.value)
     formula = image_folder / "test" / "=owl" / "=HYPERLINK(1)|x.png"
     shutil.copy(next((image_folder / "test" / "=owl").glob("*.png")), formula)
     run_cli("predict", *data, "--data.predict_path", str(image_folder / "test"), "--ckpt_path", best)
