@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from template.checkpoints import CheckpointError
 from template.cli import EXTRA_COMMANDS, PROGRAM, TRACEBACK_VARIABLE, cli, wants_traceback
 from template.imports import find_own_modules
+from template.options import SUBCOMMANDS
 from template.text import printable
 
 
@@ -19,8 +20,15 @@ def main(args: list[str] | None = None) -> None:
     """The ``template`` command: a mistake ends in one message and exit status 1 (``TRACEBACK=1``: where)."""
     argv = sys.argv[1:] if args is None else args
     warnings.formatwarning = escaped_warning  # a warning may quote a file's name: no escape sequence in it runs
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning's own, every fit
     if args is None:
         find_own_modules(argv)  # --model my_module.X, as python -m finds it; no other file of where you run
+    if argv[:1] and argv[0].replace("_", "-") in EXTRA_COMMANDS:  # lr_find, as its file and its plot are named
+        argv = [argv[0].replace("_", "-"), *argv[1:]]
+    elif argv[:1] and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        choices = f"{', '.join(SUBCOMMANDS)}, or the tools {', '.join(EXTRA_COMMANDS)}"
+        print(f"{PROGRAM}: error: no command {printable(argv[0])!r}: choose from {choices}", file=sys.stderr)
+        raise SystemExit(2)
     try:
         if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
             return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])

@@ -511,7 +511,9 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     restored = replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
     if taken := restored.config.get("trainer"):  # the same run's length and numerics: said, a stranger's run's too
         settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())
-        rank_zero_only(print)(printable(f"resuming the run's trainer settings from its config.yaml: {settings}"))
+        rank_zero_only(print)(
+            printable(f"resuming with its config.yaml's trainer settings where no option is given: {settings}")
+        )
     return restored
 
 

@@ -181,6 +181,7 @@ def test_the_console_script_finds_your_module_in_the_working_directory_as_python
     fit = run("fit", "--model", "my_module.F1Module", *quick)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert not (tmp_path / "planted-module-ran").exists()
+    assert "LeafSpec" not in fit.stderr  # Lightning's deprecation, nothing of yours: not on every command
     summary_says = shlex.split(re.search(r"test it, once: +(.*)", fit.stdout).group(1))
     assert summary_says[:2] == ["template", "test"] and summary_says[-2:] == ["--model", "my_module.F1Module"]
     tested = run(*summary_says[1:], *quick)  # as the summary says: your module named again

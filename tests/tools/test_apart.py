@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import template
 from template.cli import EXTRA_COMMANDS
 
@@ -36,3 +38,15 @@ def test_every_extra_command_names_a_tool_with_main():
     for name, module in EXTRA_COMMANDS.items():
         assert module.startswith("template.tools."), name
         assert callable(importlib.import_module(module).main), module
+
+
+def test_a_tool_is_found_by_its_file_s_name_and_an_unknown_command_lists_the_tools(capsys):
+    from template.commands import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["lr_find", "--help"])  # as tools/lr_find.py and lr_find.png are named
+    assert exit_info.value.code == 0 and "lr-find" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train"])
+    said = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "no command 'train'" in said and "doctor, lr-find, export" in said
