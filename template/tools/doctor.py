@@ -336,6 +336,8 @@ def main(args: list[str]) -> None:
         print(summary)
     columns = 4 if any(check.fix for check in checks) else 3  # a fix column only when there is one to show
     table = Table(*("check", "status", "what it saw", "fix")[:columns], title=f"{PROGRAM} doctor")
+    for column in table.columns:  # a file's path folded over lines, never cut short: which files clash is the point
+        column.overflow = "fold"
     for check in checks:
         # What a check saw may quote file names (the data's): shown as text, never as rich markup or escapes.
         row = [

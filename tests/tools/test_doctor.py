@@ -292,3 +292,15 @@ def test_what_a_check_saw_is_shown_as_text_never_as_markup_or_escapes(capsys, mo
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b]0;PWNED" in out
     assert "no overlap [reverse]click" in out and "remove [bold]it[/bold]" in out
+
+
+def test_a_path_a_check_saw_is_shown_whole_in_a_narrow_terminal(capsys, monkeypatch):
+    """In 80 columns (a pipe, CI) the paths of clashing files were cut to "/tmp/newuser3/data/i…"."""
+    clash = "/data/my_images/test/cat/cat_0001.png = /data/my_images/train/bird/bird_0004.jpg"
+    planted = doctor.Check("data", "train/test overlap", "fail", clash, "remove the test copies")
+    monkeypatch.setattr(doctor, "run_checks", lambda *args: ([planted], None))
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["doctor", "--trainer.accelerator", "cpu"])
+    cells = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.count("│") == 5]
+    assert "".join(cell[3].strip() for cell in cells).replace(" ", "") == clash.replace(" ", "")
