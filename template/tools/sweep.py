@@ -348,6 +348,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
             console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
     else:
         console.print("no trial completed within the space and backed by its run here: no best.yaml")
+        (out_dir / "best.yaml").unlink(missing_ok=True)  # an earlier report's: it would name a trial now passed over
         return
     config = fits.resolved_config([*fit_args, *as_options(params)])
     logger = loggers_of(config)[0]

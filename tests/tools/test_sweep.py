@@ -255,7 +255,10 @@ def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_
     theirs = re.search(r"started with the fit options (.*); this worker's", note).group(1)
     assert shlex.split(theirs) == ["--trainer.max_epochs=1", shown]  # quoted one by one, as they would be pasted
 
+    (tmp_path / "runs" / "lr").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "runs" / "lr" / "best.yaml").write_text("# an earlier report's\n")
     report(study, tmp_path / "runs" / "lr", "val/acc", space, [])
+    assert not (tmp_path / "runs" / "lr" / "best.yaml").exists()  # no best now: none left behind to refit
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "PWNED" in out
     assert "[link=https://evil]click[/link]" in out  # rich's markup shown as text, not made a link
