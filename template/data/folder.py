@@ -194,7 +194,9 @@ class ImageFolderDataModule(ImageDataModule):
                 raise ValueError(f"{train} has only one class folder ({name}): a classifier needs at least two")
             if classes is not None and set(classes) != set(folders["train"]):
                 raise ValueError(
-                    f"data.classes {sorted(classes)} are not the class folders of {train}: {sorted(folders['train'])}"
+                    f"data.classes {sorted(classes)} (given, or those a --ckpt_path checkpoint was trained on) are not "
+                    f"the class folders of {train}: {sorted(folders['train'])}; to learn other classes, train a new "
+                    "run (from its weights: --weights_file, which replaces the head)"
                 )
         problems = []  # every problem of the layout, then of the files, said in one message: one round of fixes
         empty = [str(self.root / split / name) for split, found in folders.items()

@@ -27,6 +27,15 @@ def test_classes_come_from_sorted_folder_names(image_folder, tmp_path):
     assert data.input_shape == (3, 16, 16)
 
 
+def test_classes_other_than_the_folders_say_where_they_may_come_from_and_how_to_learn_new_ones(image_folder, tmp_path):
+    """A checkpoint's classes reach data.classes: the error blamed an option the user never set, and said no way on."""
+    with pytest.raises(ValueError) as error:
+        module(image_folder, tmp_path, classes=["bird", "cat", "dog"])
+    said = str(error.value)
+    assert "data.classes ['bird', 'cat', 'dog'] (given, or those a --ckpt_path checkpoint was trained on)" in said
+    assert "['cat', 'dog', 'owl']" in said and "--weights_file" in said
+
+
 @pytest.mark.parametrize("cache", [True, False])
 def test_both_paths_give_train_val_and_test_batches(image_folder, tmp_path, cache):
     data = module(image_folder, tmp_path, cache=cache, val_fraction=0.25)
