@@ -53,9 +53,20 @@ class _NamingRestore(_CheckpointConnector):
         with restoring(checkpoint_path):
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
 
+    rolling_back = False
+
+    def restore(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+        """Only Lightning's tuners (lr_find, scale_batch_size) call this: back to the checkpoint they saved a moment
+        ago, this process's own file, before the rates they tried: its settings are not held to the tried ones."""
+        self.rolling_back = True
+        try:
+            super().restore(checkpoint_path, weights_only)
+        finally:
+            self.rolling_back = False
+
     def restore_training_state(self) -> None:
         with restoring(self._ckpt_path):
-            if self._loaded_checkpoint:
+            if self._loaded_checkpoint and not self.rolling_back:
                 check_resume(self._loaded_checkpoint, self.dump_checkpoint(weights_only=False), str(self._ckpt_path))
             super().restore_training_state()
 
