@@ -582,9 +582,10 @@ def fit_data(restored: Restored, data: Any) -> None:
         if then is not None and now is not None and then != now:
             mismatches.append(f"{what}: trained on {then}, the data gives {now}")
     recorded, split = restored.config.get("data"), {"validate": "val", "test": "test"}.get(restored.command)
+    needed = recorded and (mismatches or split)  # (named: the record's class, imported only where it is compared)
+    ours = bool(needed) and named(recorded["class_path"])[1] is type(data)  # another DataModule: its own options
     if mismatches:
-        same = recorded and named(recorded["class_path"])[1] is type(data)  # another DataModule: its own options
-        given = differences(recorded["init_args"], data.hparams, "data", "recorded") if same else []
+        given = differences(recorded["init_args"], data.hparams, "data", "recorded") if ours else []
         raise ValueError(
             f"{restored.path} does not fit this data; " + "; ".join(mismatches) + ". Leave out the data options "
             f"that change them (on the command line or in a --config file{': ' if given else ''}{'; '.join(given)})"
@@ -592,9 +593,8 @@ def fit_data(restored: Restored, data: Any) -> None:
             "was trained with."
         )
     if split and recorded:  # compared for its run's DataModule alone: another's options split other images
-        cls = named(recorded["class_path"])[1]
         saved = {name: value for name, value in recorded["init_args"].items() if SPLIT_NAMES.search(name)}
-        if changes := differences(saved, data.hparams if cls is type(data) else {}, "data", "in its run"):
+        if changes := differences(saved, data.hparams if ours else {}, "data", "in its run"):
             raise ValueError(
                 f"{restored.path}: these data options draw other splits than its run's, so its {split} split may "
                 f"hold images it trained on: {'; '.join(changes)}. Leave them out to score its run's held-out "
