@@ -1,11 +1,11 @@
 """The one way in from a checkpoint and its run's record: read as data, never as a program.
 
-Taken from a file: the module, network, optimizer, schedule and DataModule, each a name from the registry
-(this package's, torchvision's builders, torch's optimizers and schedulers, classes a user registers or names in
-their own command line or ``--config``) with literal arguments of their declared types; class names, input
-shape, preprocessing and tensors (``weights_only``, checked against their digest). Anything else is refused in
-one line naming the file, key and value, before anything is imported. Places, the Trainer, loggers and callbacks
-come from the user's options; a resumed fit also takes its run's literal Trainer settings (``RESUMED``).
+Taken from a file: the module, network, optimizer, schedule and DataModule, each a registry name (this package's,
+torchvision's builders, torch's optimizers and schedulers, classes a user registers or names in their own command line
+or ``--config``) with literal arguments of their declared types; class names, input shape, preprocessing and tensors
+(``weights_only``, checked against their digest). Anything else is refused in one line naming the file, key and value,
+before anything is imported. Places, the Trainer, loggers and callbacks come from the user's options; a resumed fit
+also takes its run's literal Trainer settings (``RESUMED``).
 """
 
 import collections.abc
@@ -52,8 +52,7 @@ from template.text import printable
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
-# The module's arguments the CLI links from the data: compared with the data, not set. Of its own, how to run (compiled,
-# generating and loading code) is the command's to say.
+# Linked by the CLI from the data (compared, not set); how to run is the command's (compile generates and loads code).
 LINKED, HOW_TO_RUN = ("num_classes", "class_names", "input_shape"), ("compile",)
 # Classes and their names (a folder's name: 255 bytes) as a classifier has them, and a record as a parse reads it whole.
 MAX_CLASSES, MAX_CLASS_NAME, MAX_RECORD = 1 << 16, 255, 1 << 20
@@ -90,6 +89,7 @@ OWN_OPTIONS = {"module": "--model", "data": "--data", "net": "--model.net"}
 OWN_OPTIONS |= {"optimizer": "--model.optimizer", "scheduler": "--model.lr_scheduler"}
 # The kinds' base classes: abstract in all but name (forward, step or get_lr left to the classes that extend them).
 BASES = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+SEQUENCES = (collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
 _registered: dict[str, tuple[str, Any]] = {}  # name -> (kind, class or builder), added by register()
 _built: dict[str, tuple[str, Any]] = {}
 
@@ -119,8 +119,7 @@ def registry() -> dict[str, tuple[str, Any]]:
 
         modules = [template.nets, template.data, template.schedule, template.optim, torch.optim]
         modules.append(torch.optim.lr_scheduler)
-        # Classifiers only: detection and segmentation builders load pretrained backbones by default (and get_model
-        # builds any of them by name).
+        # Not detection/segmentation builders (they load pretrained backbones by default), nor get_model (any, by name).
         modules += [m for name, m in list(sys.modules.items()) if re.match(r"torchvision\.models(\.[a-z]\w*)?$", name)]
         for module in (module for module in modules if not module.__name__.endswith(NOT_CLASSIFIERS)):
             for attribute, obj in vars(module).items():  # classes, and builders of networks (resnet18, timm_net)
@@ -197,9 +196,6 @@ def takes_class(annotation: Any) -> bool:
 
 def is_path(annotation: Any) -> bool:
     return within(annotation, lambda each: isinstance(each, type) and issubclass(each, PurePath | os.PathLike))
-
-
-SEQUENCES = (collections.abc.Sequence, collections.abc.Iterable, collections.abc.Collection)
 
 
 def conforms(value: Any, annotation: Any) -> bool:
@@ -511,9 +507,8 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     restored = replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
     if taken := restored.config.get("trainer"):  # the same run's length and numerics: said, a stranger's run's too
         settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())
-        rank_zero_only(print)(
-            printable(f"resuming with its config.yaml's trainer settings where no option is given: {settings}")
-        )
+        message = f"resuming with its config.yaml's trainer settings where no option is given: {settings}"
+        rank_zero_only(print)(printable(message))
     return restored
 
 
