@@ -1,6 +1,5 @@
-"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML:
-``class_path: template.optim.Lookahead`` with ``init_args: {optimizer: {class_path: torch.optim.SGD, ...}, k: 5}``.
-It damps the noise of large learning rates for a copy of the weights and an update every k steps."""
+"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML: a slow copy of
+the weights, updated every k steps, damps the noise of large learning rates."""
 
 from collections.abc import Callable, Iterable
 
@@ -65,17 +64,17 @@ class Lookahead(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        for group in self.param_groups:  # the slow weights start where the fast ones do, before their first step
-            for parameter in group["params"]:
-                if "slow" not in self.state[parameter]:
-                    self.state[parameter]["slow"] = parameter.detach().clone()
+        parameters = [parameter for group in self.param_groups for parameter in group["params"]]
+        for parameter in parameters:  # the slow weights start where the fast ones do, before their first step
+            if "slow" not in self.state[parameter]:
+                self.state[parameter]["slow"] = parameter.detach().clone()
         if len(self.slow_buffers) != len(self.buffers):
             self.slow_buffers = [buffer.detach().clone() for buffer in self.buffers]
         loss = self.optimizer.step(closure)
         self.steps += 1
         update = self.steps % self.k == 0
         if update or self.steps == self.total_steps:  # the run ends on the slow weights, as Zhang et al. evaluate
-            pairs = [(self.state[p]["slow"], p) for group in self.param_groups for p in group["params"]]
+            pairs = [(self.state[parameter]["slow"], parameter) for parameter in parameters]
             for slow, fast in pairs + list(zip(self.slow_buffers, self.buffers)):
                 if update:
                     slow.lerp_(fast, self.alpha_at(self.steps))
