@@ -20,8 +20,7 @@ class Lookahead(Optimizer):
         alpha_power: ``None``: ``alpha`` at every update (Zhang et al.). A power p: the share ramps from 1 at the
             start to ``alpha`` at the end of ``total_steps``, as ``1 - (1 - alpha) * progress ** p``: little
             averaging while the learning rate is large (airbench's: alpha = 1 - 0.95 ** 5, p = 3).
-        total_steps: optimizer steps in the whole run, by default the run's; at the last the fast weights take the
-            slow ones.
+        total_steps: optimizer steps in the whole run, by default the run's; the last ends on the slow weights.
     """
 
     def __init__(
@@ -51,8 +50,7 @@ class Lookahead(Optimizer):
         self.slow_buffers: list[torch.Tensor] = []
 
     def follow_buffers(self, buffers: Iterable[torch.Tensor]) -> None:
-        """Average these floating-point buffers (BatchNorm's running statistics) with the weights, so that the slow
-        weights the run ends on come with their own statistics (``template.schedule.build_optimizer``)."""
+        """Average floating-point ``buffers`` (BatchNorm's statistics) too: the slow weights get their own."""
         self.buffers = [buffer for buffer in buffers if buffer.is_floating_point()]
 
     def alpha_at(self, step: int) -> float:
