@@ -1,5 +1,4 @@
-"""Test-time augmentation: the logits of an image averaged with those of its mirror image and of copies
-shifted a few pixels, so that evaluation, like training, sees each image in the poses it was trained on."""
+"""Test-time augmentation: evaluation, like training, sees each image in the poses it was trained on."""
 
 from collections.abc import Callable
 

@@ -1,6 +1,5 @@
-"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML:
-``class_path: template.optim.Lookahead`` with ``init_args: {optimizer: {class_path: torch.optim.SGD, ...}, k: 5}``.
-It damps the noise of large learning rates for a copy of the weights and an update every k steps."""
+"""Lookahead (Zhang et al., 2019, arXiv 1907.08610) around any torch optimizer, nameable from YAML: a slow copy of
+the weights, updated every k steps, damps the noise of large learning rates."""
 
 from collections.abc import Callable, Iterable
 
@@ -21,8 +20,7 @@ class Lookahead(Optimizer):
         alpha_power: ``None``: ``alpha`` at every update (Zhang et al.). A power p: the share ramps from 1 at the
             start to ``alpha`` at the end of ``total_steps``, as ``1 - (1 - alpha) * progress ** p``: little
             averaging while the learning rate is large (airbench's: alpha = 1 - 0.95 ** 5, p = 3).
-        total_steps: optimizer steps in the whole run, by default the run's; at the last the fast weights take the
-            slow ones.
+        total_steps: optimizer steps in the whole run, by default the run's; the last ends on the slow weights.
     """
 
     def __init__(
@@ -52,8 +50,7 @@ class Lookahead(Optimizer):
         self.slow_buffers: list[torch.Tensor] = []
 
     def follow_buffers(self, buffers: Iterable[torch.Tensor]) -> None:
-        """Average these floating-point buffers (BatchNorm's running statistics) with the weights, so that the slow
-        weights the run ends on come with their own statistics (``template.schedule.build_optimizer``)."""
+        """Average floating-point ``buffers`` (BatchNorm's statistics) too: the slow weights get their own."""
         self.buffers = [buffer for buffer in buffers if buffer.is_floating_point()]
 
     def alpha_at(self, step: int) -> float:
@@ -65,17 +62,17 @@ class Lookahead(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        for group in self.param_groups:  # the slow weights start where the fast ones do, before their first step
-            for parameter in group["params"]:
-                if "slow" not in self.state[parameter]:
-                    self.state[parameter]["slow"] = parameter.detach().clone()
+        parameters = [parameter for group in self.param_groups for parameter in group["params"]]
+        for parameter in parameters:  # the slow weights start where the fast ones do, before their first step
+            if "slow" not in self.state[parameter]:
+                self.state[parameter]["slow"] = parameter.detach().clone()
         if len(self.slow_buffers) != len(self.buffers):
             self.slow_buffers = [buffer.detach().clone() for buffer in self.buffers]
         loss = self.optimizer.step(closure)
         self.steps += 1
         update = self.steps % self.k == 0
         if update or self.steps == self.total_steps:  # the run ends on the slow weights, as Zhang et al. evaluate
-            pairs = [(self.state[p]["slow"], p) for group in self.param_groups for p in group["params"]]
+            pairs = [(self.state[parameter]["slow"], parameter) for parameter in parameters]
             for slow, fast in pairs + list(zip(self.slow_buffers, self.buffers)):
                 if update:
                     slow.lerp_(fast, self.alpha_at(self.steps))

@@ -47,7 +47,6 @@ def condense(message: str) -> str:
 
 
 def nearest_option(message: str, known: list[str]) -> str:
-    """``message`` with the closest valid option to each it says is unrecognised."""
     for given in re.findall(r"(--[\w.]+)", message.partition("nrecognized arguments")[2]):
         if close := difflib.get_close_matches(given, known, n=1, cutoff=0.75):
             message += f"\n{given}: no such option; did you mean {close[0]}?"
@@ -55,7 +54,6 @@ def nearest_option(message: str, known: list[str]) -> str:
 
 
 def names_checkpoint(args: list[str]) -> bool:
-    """Whether ``--ckpt_path`` or a --config file names a checkpoint."""
     given = any(token.split("=")[0] == "--ckpt_path" for token in args)
     return given or any("ckpt_path" in config for config in given_configs(args))
 
@@ -82,7 +80,6 @@ def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
 
 
 def without_data_options(argv: list[str]) -> list[str]:
-    """``argv`` less its --data options and their values."""
     kept, tokens = [], iter(argv)
     for token in tokens:
         if token.split("=")[0] != "--data" and not token.startswith("--data."):

@@ -1,5 +1,5 @@
-"""The recipe's optimisation: warmup-cosine and warmup-linear schedules, the interval a scheduler steps at and its
-plan held to the run's length, the parameter groups and the optimizer built from them."""
+"""The recipe's schedules, the unit a scheduler steps in and its plan held to the run's length, the parameter
+groups and the optimizer built from them."""
 
 import functools
 import math
@@ -31,9 +31,8 @@ class WarmupCosine(LRScheduler):
     moments are still poor. With ``cycles > 1`` the cosine restarts from the peak (SGDR, Loshchilov & Hutter).
 
     Args:
-        optimizer: the wrapped optimizer; its ``lr`` is the peak learning rate.
-        total_steps: scheduler steps in the whole run (optimizer steps, or epochs); by default the run's
-            (see ``build_scheduler``).
+        optimizer: its ``lr`` is the peak learning rate.
+        total_steps: scheduler steps in the whole run (optimizer steps, or epochs); by default the run's.
         warmup_fraction: share of ``total_steps`` spent warming up linearly.
         min_lr_ratio: floor of the decay, as a fraction of the peak.
         cycles: number of cosine cycles after warmup (1: no restarts).
@@ -80,22 +79,18 @@ class WarmupCosine(LRScheduler):
         return [base_lr * self.lr_factor(self.last_epoch) for base_lr in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the schedule as it stood; a run resumed with another length (max_epochs, max_steps, batch size,
-        accumulation, images) is re-planned by ``replan`` as training starts, from the step it stands at."""
+        # A run resumed with another length (epochs, batch size, images...) is re-planned as training starts.
         super().load_state_dict(state_dict)
         self.resumed = True
 
     def replan(self, total_steps: int, unit: str = "optimizer steps") -> None:
-        """Plan over ``total_steps`` (where the resumed run ends), from the step the schedule stands at."""
         planned = self.total_steps
         self.total_steps, self.warmup_steps = max(1, total_steps), round(self.warmup_fraction * total_steps)
         self._last_lr = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             group["lr"] = lr  # the next step already uses the new plan
-        rank_zero_info(
-            f"learning-rate schedule re-planned from {planned} to {self.total_steps} "
-            f"{unit}; continuing from {self.last_epoch}"
-        )
+        message = f"learning-rate schedule re-planned from {planned} to {self.total_steps} {unit}"
+        rank_zero_info(f"{message}; continuing from {self.last_epoch}")
 
 
 class WarmupLinear(WarmupCosine):
@@ -121,9 +116,8 @@ def build_optimizer(
 
 
 def build_scheduler(make: Callable, config: Any, optimizer: Optimizer, total_steps: int | Callable[[], int]) -> Any:
-    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then: ``run_length``)
-    where its class takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not
-    set them."""
+    """The scheduler ``make`` builds, given the run's ``total_steps`` (a function, asked only then) where its class
+    takes them and its ``config`` (``{"class_path", "init_args"}``, or None for a partial) does not set them."""
     if isinstance(config, dict) and isinstance(config.get("class_path"), str):
         cls, given = pkgutil.resolve_name(config["class_path"]), (config.get("init_args") or {})
     else:
@@ -173,10 +167,9 @@ def run_end(trainer: Any) -> float:
 
 
 def check_plan(trainer: Any) -> None:
-    """Hold each scheduler's plan to the run it steps through (optimizer steps or epochs, by its interval), before
-    training: ``total_steps`` short of the run is an error (the rest would train at the schedule's end, its floor;
-    OneCycleLR fails there); a plan the run does not play out as written, a warning (``max_steps`` may stop a
-    longer plan early on purpose). A run of no set length (``max_epochs`` -1, no ``max_steps``) is not checked."""
+    """Hold each scheduler's plan to the run it steps through, before training: ``total_steps`` short of the run is
+    an error (the rest would train at the schedule's floor; OneCycleLR fails there), a plan the run does not play out
+    as written a warning (``max_steps`` may stop it early on purpose). A run of no set length goes unchecked."""
     for config in trainer.lr_scheduler_configs:
         resumed = config.scheduler.__dict__.pop("resumed", False)
         step = config.interval == "step"
@@ -216,11 +209,9 @@ def check_plan(trainer: Any) -> None:
 
 
 def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:
-    """The trainable parameters in groups: no weight decay on norm weights and biases (fewer than 2 dimensions: no
-    scale to limit, Goyal et al., 2017); a group per scale of those a module's ``lr_scales`` names ({name: scale}),
-    at that many times the learning rate and the same decay per step. With ``layer_decay`` (fine-tuning), timm's
-    groups per depth, frozen parameters included (unfreezing needs no new group), ``lr_scale`` = layer_decay ** depth.
-    """
+    """The trainable parameters in groups: no weight decay on norm weights and biases (under 2 dimensions: no scale
+    to limit, Goyal et al., 2017); per scale of a module's ``lr_scales`` ({name: scale}), a group at that many times
+    the learning rate, same decay per step. With ``layer_decay``, timm's groups per depth, frozen ones included."""
     if layer_decay is not None:
         return layer_groups(net, layer_decay)
     scales = {id(getattr(m, name)): scale for m in net.modules() for name, scale in getattr(m, "lr_scales", {}).items()}
@@ -254,7 +245,7 @@ def layer_groups(net: nn.Module, layer_decay: float) -> list[dict]:
     from timm.optim import param_groups_layer_decay
 
     frozen = [parameter for parameter in net.parameters() if not parameter.requires_grad]
-    net.requires_grad_(True)  # timm leaves frozen parameters out
+    net.requires_grad_(True)  # timm leaves frozen parameters out: kept in, unfreezing needs no new group
     try:
         groups = param_groups_layer_decay(net, weight_decay=1.0, layer_decay=layer_decay)
     finally:

@@ -16,7 +16,6 @@ PROGRAM = __package__
 
 
 def print_evaluated(cli, split: str) -> None:
-    """How many images the score is of: the whole split, or a part of it that options limited."""
     count, data = cli.model.images_evaluated.get(split), cli.datamodule
     if cli.trainer.is_global_zero and count and f"{split}/acc" in cli.trainer.callback_metrics:
         size = len(data.datasets[split]) if split in getattr(data, "datasets", {}) else count
@@ -26,7 +25,6 @@ def print_evaluated(cli, split: str) -> None:
 
 
 def print_summary(cli, run_dir: Path) -> None:
-    """Where the run, its checkpoints, curves and trackers are, and the learning rate's first and last values."""
     # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
     checkpoints = cli.trainer.checkpoint_callbacks
     best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)

@@ -84,7 +84,6 @@ def without_run_ids(tracker: Any) -> Any:
 
 
 def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
-    """A resumed fit's trackers given no run id of their own log on into those its run directory recorded."""
     recorded = tracker_runs(run_dir)
     for tracker in trackers:
         cls, init_args = configured_class(tracker)
@@ -145,7 +144,6 @@ def flattened(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def where_to_look(tracker: Logger, settings: Namespace) -> str:
-    """A line of the run summary: the tracker's run, and the command that shows it."""
     init_args = settings.get("init_args") or Namespace()
     if isinstance(tracker, loggers.MLFlowLogger):
         uri = init_args.get("tracking_uri") or ""

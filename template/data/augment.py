@@ -1,14 +1,8 @@
-"""The one augmentation of every source, on uint8 batches (B, C, H', W') on the device
-(``ImageDataModule.on_after_batch_transfer``), so one config trains one recipe whichever path the images took:
-
-    training:  random-resized crop to (H, W) (crop_scale, crop_ratio) or centre (H, W) -> random crop (crop_padding)
-               -> mirror (hflip) -> policy (TrivialAugmentWide or RandAugment), on uint8
-               -> normalise -> random erasing (to the mean, 0) -> MixUp or CutMix (soft labels)
-    otherwise: centre (H, W) -> normalise
-
-Randomness comes from the device's global generator (``seed_everything`` seeds it); torchvision's v2
-policies, erasing and mixing draw on the host, so never wait for the device.
-"""
+"""The one augmentation of every source, on uint8 batches (B, C, H', W') on the device, so one config trains one
+recipe whichever path the images took: ``ImageDataModule.on_after_batch_transfer`` crops, mirrors and applies the
+policy (uint8), normalises, erases and mixes in training; else it centre-crops and normalises. Randomness comes from
+the device's global generator (``seed_everything`` seeds it); torchvision's v2 policies, erasing and mixing draw on
+the host, so never wait for the device."""
 
 import math
 from collections.abc import Sequence
@@ -152,13 +146,11 @@ def random_crop(images: torch.Tensor, padding: int) -> torch.Tensor:
 
 
 def random_hflip(images: torch.Tensor, probability: float = 0.5) -> torch.Tensor:
-    """Mirror each image left-right with the given probability."""
     return mirror_where(images, torch.rand(images.shape[0], device=images.device) < probability)
 
 
 def mirror_where(images: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
-    """Mirror left-right the images whose entry of ``flip`` (B,) is true."""
-    # By index from the batch and its mirror: a boolean mask would make the host wait for the device.
+    # By index from the batch and its mirror (``flip``: (B,) bool): a boolean mask would make the host wait.
     choice = torch.arange(len(images), device=images.device) + len(images) * flip
     return torch.cat([images, images.flip(3)]).index_select(0, choice)
 

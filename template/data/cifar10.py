@@ -85,7 +85,6 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_batches(folder: Path, names: list[str]) -> Split:
-    """Read CIFAR-10 batch files into uint8 images (N, 3, 32, 32) and int64 labels."""
     images, labels = zip(*(read_batch(folder / name) for name in names), strict=True)
     return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
