@@ -1,5 +1,4 @@
-"""The ``template`` command: fit / validate / test / predict through the CLI, the tools beside them,
-and what a user sees when something goes wrong."""
+"""The ``template`` command: fit / validate / test / predict, the tools beside them, one message for a mistake."""
 
 import importlib
 import sys
@@ -23,15 +22,14 @@ def main(args: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")  # Lightning's own, every fit
     if args is None:
         find_own_modules(argv)  # --model my_module.X, as python -m finds it; no other file of where you run
-    if argv[:1] and argv[0].replace("_", "-") in EXTRA_COMMANDS:  # lr_find, as its file and its plot are named
-        argv = [argv[0].replace("_", "-"), *argv[1:]]
-    elif argv[:1] and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+    tool = EXTRA_COMMANDS.get(argv[0].replace("_", "-")) if argv else None  # lr_find, as its file and plot are named
+    if argv and tool is None and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         choices = f"{', '.join(SUBCOMMANDS)}, or the tools {', '.join(EXTRA_COMMANDS)}"
         print(f"{PROGRAM}: error: no command {printable(argv[0])!r}: choose from {choices}", file=sys.stderr)
         raise SystemExit(2)
     try:
-        if argv[:1] and argv[0] in EXTRA_COMMANDS:  # not Trainer methods, so not LightningCLI subcommands
-            return importlib.import_module(EXTRA_COMMANDS[argv[0]]).main(argv[1:])
+        if tool is not None:  # not Trainer methods, so not LightningCLI subcommands
+            return importlib.import_module(tool).main(argv[1:])
         cli(args)
     except SIGTERMException:  # ResumeState has saved a checkpoint and said where
         raise SystemExit(143) from None  # 128 + SIGTERM, as a shell reports a process it ended

@@ -1,10 +1,8 @@
 """``template cv --folds K [fit options]``: k-fold cross-validation, one ``template fit`` run a fold.
 
-The training and validation images are pooled and cut into K stratified, seeded folds
-(``data.folds`` and ``data.fold`` of any ImageDataModule); fold i validates a run trained on the
-others, in runs/<name>/cv_N/fold_i. The test split stays out of every fold. At the end: the
-monitored metric's mean and standard deviation over the folds, printed and, with each fold's
-value, written to runs/<name>/cv_N/cv.csv.
+Train and val images are pooled into K stratified, seeded folds (``data.folds``, ``data.fold`` of any
+ImageDataModule; test stays out); fold i validates a run trained on the others, in runs/<name>/cv_N/fold_i.
+The monitored metric's mean and std over the folds are printed and, with each fold's, written to cv.csv there.
 """
 
 import argparse

@@ -1,9 +1,6 @@
-"""``template doctor [fit options]``: pre-flight checks that catch the classic training bugs in seconds.
-
-It builds what ``fit`` would and checks the environment, the data, the model, whether the configured module
-(its own loss, optimizer and schedule: ``short_fit.py``) can memorise a few images, its memory and speed.
-Each check prints pass / warn / fail with what it saw and what to do; any fail exits with status 1.
-"""
+"""``template doctor [fit options]``: pre-flight checks of what ``fit`` would build, in seconds: the environment,
+the data, the model, whether the configured module (``short_fit.py``) memorises a few images, its memory and
+speed. Each check says pass / warn / fail, what it saw and what to do; any fail exits with status 1."""
 
 import copy
 import hashlib
@@ -22,7 +19,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities.model_summary import ModelSummary
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from torch import nn
 
 from template.cli import PROGRAM, cli
@@ -34,6 +31,7 @@ from template.tools.short_fit import MeasureSteps, Memorise, short_fit
 
 STACK = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse")
 STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+OVERFIT_IMAGES = 16  # the few images the module must memorise
 
 
 @dataclass
@@ -289,11 +287,7 @@ def check_memory_and_speed(model: ClassificationModule, trainer: L.Trainer, imag
 
 
 def run_checks(
-    model: ClassificationModule,
-    datamodule: ImageDataModule,
-    trainer: L.Trainer,
-    accelerator: str = "auto",
-    overfit_images: int = 16,
+    model: ClassificationModule, datamodule: ImageDataModule, trainer: L.Trainer, accelerator: str = "auto"
 ) -> tuple[list[Check], ModelSummary | None]:
     """Every check, in order, and the module's summary (each layer's output shape) once a clean batch is at hand;
     ``accelerator`` is the one asked for ("auto", "gpu"...), not the one Lightning chose."""
@@ -316,7 +310,7 @@ def run_checks(
     if first is None or any(check.status == "fail" for check in checks if check.group == "data"):
         return checks, None  # the model checks need a clean batch
     images, labels = first
-    few = images[:overfit_images], labels[:overfit_images]
+    few = images[:OVERFIT_IMAGES], labels[:OVERFIT_IMAGES]
     checks += check_model(model.net, *few, datamodule.num_classes)
     if any(check.status == "fail" for check in checks if check.group == "model"):
         return checks, None
@@ -335,17 +329,13 @@ def main(args: list[str]) -> None:
     if summary is not None:
         print(summary)
     columns = 4 if any(check.fix for check in checks) else 3  # a fix column only when there is one to show
-    table = Table(*("check", "status", "what it saw", "fix")[:columns], title=f"{PROGRAM} doctor")
-    for column in table.columns:  # a file's path folded over lines, never cut short: which files clash is the point
-        column.overflow = "fold"
-    for check in checks:
-        # What a check saw may quote file names (the data's): shown as text, never as rich markup or escapes.
-        row = [
-            f"{check.group}: {check.name}",
-            f"[{STYLE[check.status]}]{check.status}[/]",
-            *(escape(printable(text)) for text in (check.detail, check.fix)),
-        ]
-        table.add_row(*row[:columns])
+    # A file's path folded over lines, never cut short: which files clash is the point.
+    headers = ("check", "status", "what it saw", "fix")[:columns]
+    table = Table(*(Column(header, overflow="fold") for header in headers), title=f"{PROGRAM} doctor")
+    for check in checks:  # what a check saw may quote the data's file names: as text, never markup or escapes
+        texts = [escape(printable(text)) for text in (check.detail, check.fix)]
+        cells = [f"{check.group}: {check.name}", f"[{STYLE[check.status]}]{check.status}[/]", *texts]
+        table.add_row(*cells[:columns])
     console = Console()
     console.print(table)
     failed = [f"{check.group}/{check.name}" for check in checks if check.status == "fail"]

@@ -1,9 +1,8 @@
 """``template export``: a trained network as safetensors, TorchScript or ONNX, checked for parity.
 
-The network is rebuilt from the checkpoint's record (``template.restore``) and its weights loaded without
-unpickling. The file carries ``class_names`` and ``preprocessing`` as JSON strings (safetensors metadata, ONNX
-``metadata_props``, TorchScript extra files ``class_names.json``...); it is read back and run beside the
-original, and the export fails if its metadata is lost or its logits differ by more than the tolerance.
+The network is rebuilt from the checkpoint's record and its weights loaded without unpickling. The file carries
+``class_names`` and ``preprocessing`` as JSON strings (safetensors metadata, ONNX ``metadata_props``, TorchScript
+extra files); it is read back and run beside the original, and fails if that metadata is lost or logits differ.
 """
 
 import argparse
@@ -16,13 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from template.checkpoints import (
-    CHECKPOINT_ALIASES,
-    CheckpointError,
-    find_checkpoint,
-    load_weights,
-    read_checkpoint,
-)
+from template.checkpoints import CHECKPOINT_ALIASES, CheckpointError, find_checkpoint, load_weights, read_checkpoint
 from template.cli import PROGRAM
 from template.files import replaced_atomically
 from template.module import ClassificationModule
@@ -149,9 +142,7 @@ def export(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{PROGRAM} export", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--ckpt_path", required=True, help="a .ckpt file, or best / last: of the latest run in --runs_dir"
-    )
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file, or best / last of --runs_dir's latest run")
     parser.add_argument("--runs_dir", default=DEFAULT_RUNS_DIR, help="where best and last are looked for")
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
     parser.add_argument("--output", help="where to write (default: beside the checkpoint)")

@@ -1,8 +1,7 @@
 """``template lr-find [fit options]``: Lightning's learning-rate range test on the configured run.
 
-It saves the loss-vs-LR curve (``lr_find.png``, ``lr_find.csv``) in a run directory and prints the suggested
-LR, where the smoothed loss falls fastest. Read the curve too: the peak LR of a warm-up + cosine schedule can
-usually sit several times above the suggestion.
+It saves the loss-vs-LR curve (``lr_find.png``, ``lr_find.csv``) in a run directory and prints the LR where the
+smoothed loss falls fastest. Read the curve too: a warm-up + cosine schedule's peak LR often sits several times above.
 """
 
 import argparse
@@ -32,14 +31,8 @@ def main(args: list[str]) -> None:
     if not 0 < options.min_lr < options.max_lr:
         parser.error(f"need 0 < min_lr < max_lr, got {options.min_lr} and {options.max_lr}")
     built = cli(fit_args, run=False, command="lr-find")
-    finder = Tuner(built.trainer).lr_find(
-        built.model,
-        datamodule=built.datamodule,
-        min_lr=options.min_lr,
-        max_lr=options.max_lr,
-        num_training=options.num_training,
-        update_attr=False,  # the LR lives in the optimizer's config: the user sets it, knowingly
-    )
+    # The options are named as lr_find's. No update_attr: the LR lives in the optimizer's config, set knowingly.
+    finder = Tuner(built.trainer).lr_find(built.model, datamodule=built.datamodule, update_attr=False, **vars(options))
     if not built.trainer.is_global_zero:
         return
     run_dir = Path(built.trainer.log_dir or ".")

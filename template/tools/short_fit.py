@@ -1,8 +1,6 @@
-"""Short fits of a copy of the configured LightningModule, for the doctor: memorise a few images, and
-measure a training step's memory and time. Each runs the module's own ``training_step`` (its loss, label
-smoothing included) and ``configure_optimizers`` under a Trainer of its own, with the configured device,
-precision and gradient clipping. The user's model is deep-copied first and never changed.
-"""
+"""The doctor's short fits of a copy of the configured module (never the user's): memorise a few images, measure a
+step's memory and time. Each runs the module's own ``training_step`` and ``configure_optimizers`` under a Trainer
+of its own, with the configured device, precision and gradient clipping."""
 
 import copy
 import itertools

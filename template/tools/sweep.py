@@ -1,12 +1,10 @@
 """``template sweep --space FILE --n_trials N [fit options]``: a hyper-parameter search on Optuna.
 
-Each trial is a ``template fit`` run (runs/<study_name>/trial_NNN) of the fit options plus the space's,
-scored by its best checkpoint's checkpoint.monitor and pruned by Optuna's Lightning callback if it falls
-behind. The study lives in a database (``--storage``; SQLite in the runs folder by default) that workers on
-many machines share; a dead worker's trial is failed by its heartbeat. Each worker goes on until
-``--n_trials`` have finished over all, then writes trials.csv and best.yaml (for ``template fit --config``).
-
-The search space, a YAML file whose keys are the options of ``template fit``::
+Each trial is a ``template fit`` run (runs/<study_name>/trial_NNN), scored by its best checkpoint's
+checkpoint.monitor and pruned by Optuna's Lightning callback. Workers on many machines share the study's database
+(``--storage``; SQLite in the runs folder by default; a dead worker's trial is failed by its heartbeat) until
+``--n_trials`` have finished over all, then each writes trials.csv and best.yaml (for ``template fit --config``).
+The space's keys are fit options::
 
     model.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}
     data.init_args.batch_size: {type: int, low: 32, high: 128, step: 32}
@@ -66,12 +64,8 @@ MAX_BRACKETS = 500
 DEEP_JSON = "SELECT 1 FROM {0} WHERE length({1}) - length(replace(replace({1}, '[', ''), '{{', '')) > ?"
 
 
-class OutsideTheSpace(Exception):
-    """A trial enqueued in the study with values outside the space: failed, not run."""
-
-
-class NotThisWorkers(Exception):
-    """A trial started as another worker's made the count: it is not run."""
+class NotRun(Exception):
+    """A trial failed, not run: enqueued with values outside the space, or past the count the others' make."""
 
 
 def read_space(path: str) -> dict[str, dict]:
@@ -160,9 +154,8 @@ def checked_run(trial, run_dir: Path, sign: float, source: str) -> None:
 
 
 def check_database(path: Path, storage_url: str) -> None:
-    """Refuse a SQLite study file that holds SQL of its author's: a view or trigger runs inside Optuna's own queries
-    (a recursive one never ends), a virtual table runs a module's code. Optuna makes tables and indices only. Refuse
-    JSON nested past what Optuna's reader goes, too."""
+    """Refuse a SQLite study file holding SQL of its author's (a view or trigger runs inside Optuna's queries, a
+    virtual table a module's code; Optuna makes tables and indices only) or JSON nested past Optuna's reader."""
     if not path.is_file():
         return
     query = (
@@ -220,9 +213,7 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
                 f"--storage {storage_url}: {error}; give a database URL SQLAlchemy knows, with its driver installed "
                 "(sqlite:///path/optuna.db; postgresql://user:password@host/db with psycopg)"
             ) from None
-    pruner = optuna.pruners.MedianPruner(
-        n_startup_trials=options.n_startup_trials, n_warmup_steps=options.n_warmup_steps
-    )
+    pruner = optuna.pruners.MedianPruner(options.n_startup_trials, options.n_warmup_steps)
     study = optuna.create_study(
         storage=storage, study_name=options.study_name, direction=direction, pruner=pruner, load_if_exists=True
     )
@@ -231,10 +222,9 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
             f"study {options.study_name} in {storage_url} is to {study.direction.name.lower()}, but "
             f"checkpoint.mode asks to {direction}: use another --study_name"
         )
-    # A running trial that never sent a heartbeat (written by a process without them) is never found stale, and the
-    # study would wait for it forever: one heartbeat now, and it is failed a grace period later unless a worker's
-    # heartbeats go on. A live worker's trial only gets one more.
-    optuna.storages.fail_stale_trials(study)  # a dead worker's, already stale: failed now, not a grace period on
+    # A running trial that never sent a heartbeat is never found stale, and would be waited for forever: one heartbeat
+    # now, and it is failed a grace period later unless its worker's go on. One already stale is failed at once.
+    optuna.storages.fail_stale_trials(study)
     study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
@@ -272,14 +262,14 @@ def run_study(
     def objective(trial: optuna.Trial) -> float:
         before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
         if sum(t.state in (*FINISHED, TrialState.RUNNING) for t in before) >= options.n_trials:
-            raise NotThisWorkers(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
+            raise NotRun(f"trial {trial.number} is not run: the other workers' trials make {options.n_trials}")
         run_name = (options.study_name, f"trial_{trial.number:03d}")
         trial.set_user_attr("run_dir", str(runs_dir.joinpath(*run_name)))  # for the dashboard: never read back
         try:
             trial_options = suggest(trial, space)
         except (ValueError, TypeError) as error:  # a value Optuna cannot even represent in the space
-            raise OutsideTheSpace(f"trial {trial.number} of study {study.study_name}: {error}") from None
-        checked_params(trial, space, f"trial {trial.number} of study {study.study_name}", OutsideTheSpace)
+            raise NotRun(f"trial {trial.number} of study {study.study_name}: {error}") from None
+        checked_params(trial, space, f"trial {trial.number} of study {study.study_name}", NotRun)
         pruner = PyTorchLightningPruningCallback(trial, monitor=monitor)
         try:
             result = fits.fit(fit_args + trial_options, run_name, callbacks=(pruner,))
@@ -299,18 +289,19 @@ def run_study(
         if finished + states.count(TrialState.RUNNING) >= options.n_trials and TrialState.WAITING not in states:
             time.sleep(POLL_SECONDS)  # the last trials are the other workers'; take over one that dies
             continue
-        study.optimize(objective, n_trials=1, catch=(NotThisWorkers, OutsideTheSpace))
+        study.optimize(objective, n_trials=1, catch=NotRun)
 
 
 def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_args: list[str]) -> None:
     """The trials as a table (printed, and trials.csv) and the best one's configuration (best.yaml)."""
     trials = sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number)
+    run_dirs = {trial.number: out_dir / f"trial_{trial.number:03d}" for trial in trials}
     names = sorted({name for trial in trials for name in trial.params})
     rows = []
     for trial in trials:
         value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step)
         params = [trial.params.get(name, "") for name in names]
-        run_dir = out_dir / f"trial_{trial.number:03d}"
+        run_dir = run_dirs[trial.number]
         run_dir = str(run_dir) if run_dir.is_dir() else ""  # none here: another machine's, or never run
         rows.append([trial.number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, run_dir])
     # The parameters' names and values are the database's word: in the CSV, neither a formula nor an escape sequence.
@@ -342,7 +333,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         source = f"trial {best.number} of study {study.study_name}"
         try:
             params = checked_params(best, space, source)
-            checked_run(best, out_dir / f"trial_{best.number:03d}", 1.0 if maximize else -1.0, source)
+            checked_run(best, run_dirs[best.number], 1.0 if maximize else -1.0, source)
             break
         except ValueError as error:
             console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
@@ -355,7 +346,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     if is_tensorboard(logger):  # the refit beside the trials: runs/<study>/version_N
         logger.setdefault("init_args", {})["name"] = study.study_name
     head = f"# the best trial of study {study.study_name}: {monitor} {best.value:.4f} (trial {best.number}, "
-    head += f"{out_dir / f'trial_{best.number:03d}'})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
+    head += f"{run_dirs[best.number]})\n# refit: {PROGRAM} fit --config {out_dir / 'best.yaml'}\n"
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
     console.print(f"best trial       {best.number}: {shown(monitor)} {best.value:.4f}")
     console.print(f"its config       {shown(out_dir / 'best.yaml')}")
@@ -369,12 +360,10 @@ def one_process(config: dict) -> list[str]:
     devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
     if devices in ("auto", -1, "-1"):
         return ["--trainer.devices=1"]
-    if isinstance(devices, list):
-        count = len(devices)
-    elif isinstance(devices, str) and "," in devices:  # "0,1": device indices; "2,": device 2
+    if isinstance(devices, str) and "," in devices:  # "0,1": device indices; "2,": device 2
         count = len([index for index in devices.split(",") if index.strip()])
     else:
-        count = int(devices)
+        count = len(devices) if isinstance(devices, list) else int(devices)
     if count > 1 or nodes > 1:
         raise ValueError(
             f"a sweep trial runs on one device (trainer.devices={devices}, num_nodes={nodes} asks for more): start a "
