@@ -213,7 +213,9 @@ def open_study(options: argparse.Namespace, storage_url: str, direction: str) ->
                 f"--storage {storage_url}: {error}; give a database URL SQLAlchemy knows, with its driver installed "
                 "(sqlite:///path/optuna.db; postgresql://user:password@host/db with psycopg)"
             ) from None
-    pruner = optuna.pruners.MedianPruner(options.n_startup_trials, options.n_warmup_steps)
+    pruner = optuna.pruners.MedianPruner(
+        n_startup_trials=options.n_startup_trials, n_warmup_steps=options.n_warmup_steps
+    )
     study = optuna.create_study(
         storage=storage, study_name=options.study_name, direction=direction, pruner=pruner, load_if_exists=True
     )
