@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import safetensors
 import safetensors.torch
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -185,19 +184,13 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """Keep the keys under ``prefix`` (without it), minus wrapper prefixes (``module.``, ``_orig_mod.``)."""
-    stripped = {}
-    for key, value in state_dict.items():
-        while key.startswith("module."):  # DataParallel / DistributedDataParallel
-            key = key[len("module.") :]
-        key = key.replace("_orig_mod.", "")  # torch.compile, wherever the compiled module sat
-        if key.startswith(prefix):
-            stripped[key[len(prefix) :]] = value
-    return stripped
+    # DataParallel / DistributedDataParallel's leading ``module.``s; torch.compile's, wherever the compiled module sat
+    unwrapped = {re.sub(r"^(module\.)*", "", key).replace("_orig_mod.", ""): value for key, value in state_dict.items()}
+    return {key.removeprefix(prefix): value for key, value in unwrapped.items() if key.startswith(prefix)}
 
 
 def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
-    """``state_dict`` keyed as ``net``'s own (wrapper and ``net.`` prefixes dropped), and the keys it lacks,
-    the keys ``net`` lacks, and the keys of both whose shapes differ."""
+    """``state_dict`` keyed as ``net``'s (wrapper, ``net.`` prefixes dropped); its missing, extra, other-shaped keys."""
     state_dict = state_dict.get("state_dict", state_dict)
     stripped = strip_prefixes(state_dict, "net.") or strip_prefixes(state_dict)  # or a network's, with no "net."
     expected = net.state_dict()
@@ -225,9 +218,8 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
 
 
 def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
-    """The finite tensors of a weights file, read without running any code it could carry: safetensors, or a
-    ``torch.save`` file after ``load_checkpoint``'s checks. Their sizes must add up to at most ``limit`` bytes
-    before any is read: a file of holes or of another network's size is refused, not allocated."""
+    """The finite tensors of a safetensors or ``torch.save`` file (``load_checkpoint``'s checks), read without running
+    code; at most ``limit`` bytes of them, counted before any is read: a file of holes is refused, not allocated."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path}: {'not a regular file' if path.exists() else 'no such file'}")
@@ -284,9 +276,8 @@ def weights_limit(net: nn.Module) -> int:
 
 
 def check_values(value: Any, source: str) -> None:
-    """Refuse what would cost more than its bytes or break what reads it: values nested past MAX_DEPTH, over MAX_TENSORS
-    tensors, one that claims more values than its file stores (``expand``'s zero strides, a sparse layout: a few
-    bytes would become gigabytes when copied, hashed or loaded), a whole number no count, index or seed is."""
+    """Refuse what costs more than its bytes or breaks a reader: nesting past MAX_DEPTH, over MAX_TENSORS tensors, one
+    claiming more values than the file stores (``expand``, sparse: gigabytes), an int no count, index or seed is."""
     lightning = isinstance(value, dict) and "pytorch-lightning_version" in value  # others' numbers unread
     claims, storages = [], {}  # the bytes of each tensor, and of each storage they are views of
     for key, item in _leaves(value, source):
@@ -319,9 +310,8 @@ def check_values(value: Any, source: str) -> None:
 
 
 def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
-    """Start ``net`` from the weights in ``path``, all but the classifier ``head``'s (``fc``, say) where the file's
-    are absent or of another class count. Any other mismatch is another network (resnet34's weights share a
-    resnet18's first 120 tensors): an error naming the tensors, not a network half trained and half new."""
+    """Start ``net`` from ``path``'s weights, but the classifier ``head``'s where absent or of another class count.
+    Other mismatches are another network's (resnet34's share resnet18's first 120 tensors): an error naming them."""
     state_dict = read_weights(path, weights_limit(net))
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     in_common = set(stripped) & set(net.state_dict())
@@ -342,9 +332,8 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
-    """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was
-    written last (a `validate` run, which writes none, never hides the run it evaluated); its last is the newer of
-    the two: a run pre-empted within an epoch resumes from where it stopped."""
+    """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was written
+    last (a `validate` run, writing none, never hides the run it evaluated); its last is the newer of the two."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
@@ -384,8 +373,7 @@ def monitored_score(path: Path) -> float | None:
     except CheckpointError as error:  # another best may be the run's: said, not fatal
         rank_zero_warn(f"--ckpt_path best: passing over {printable(str(error))}")
         return None
-    callbacks = checkpoint.get("callbacks")
-    for name, state in (callbacks if isinstance(callbacks, dict) else {}).items():
+    for name, state in checkpoint.get("callbacks", {}).items():  # a dict: the layout is checked
         if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
             score = state.get("current_score")
             score = torch.as_tensor(score) if isinstance(score, torch.Tensor | float | int) else None
@@ -453,12 +441,11 @@ def verify_digest(checkpoint: dict, source: str) -> None:
 
 
 def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = False, free: set = PROGRESS) -> None:
-    """Refuse a checkpoint's state (``value``) that is not of the kinds this run keeps (``like``, what it would save
-    now; OWN_CHECKS left out): a number where it keeps one (an int for a float), a tensor of its dtype, at least as
-    many items as it has (fewer would leave some unrestored; more are a run's later groups, an unfrozen backbone's;
-    only tensors: a state per GPU), the same kind of anything else; where it keeps None, anything. Where ``held``
-    (an optimizer's groups, a schedule's state): no key this run's lacks (torch makes each key a schedule's attribute,
-    ``get_lr`` too), and but for progress (``free``) the very values this run's recorded config built."""
+    """Refuse a checkpoint's state (``value``) not of the kinds this run keeps (``like``, what it saves now, but
+    OWN_CHECKS): a number where it keeps one (an int for a float), a tensor of its dtype, at least as many items (fewer
+    leave some unrestored; more: later groups, an unfrozen backbone's; tensors: one per GPU), the same kind of anything
+    else; where it keeps None, anything. Where ``held`` (optimizer groups, schedules): no key this run's lacks (torch
+    makes each a schedule's attribute, ``get_lr`` too), and but for progress (``free``) the values its config built."""
     if isinstance(like, dict) and isinstance(value, dict):
         held = held or bool(SETTINGS.search(key))
         if held and (unknown := [name for name in value if name not in like]):
@@ -523,9 +510,8 @@ def restoring(source: Any, what: str = "its state") -> Iterator[None]:
 
 
 def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
-    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files there are beside it in a run's
-    checkpoints/ folder: Lightning deletes the files they name when better ones replace them, and its own check that they lie
-    inside the checkpoint directory compares text, which ``..`` and links get past."""
+    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files beside it in a run's checkpoints/:
+    Lightning deletes the files they name once better ones replace them, checking only text (``..``, links pass)."""
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 

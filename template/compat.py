@@ -1,9 +1,5 @@
-"""The few Lightning and torch internals this project leans on, in one place.
-
-Each is an attribute or function outside the public API, so an upgrade may change it without a
-word: ``tests/test_compat.py`` calls every one against the installed versions, and fails loudly
-when one has moved, and a test greps the package so that no other module reaches for one.
-"""
+"""The few Lightning and torch internals this project leans on, in one place: an upgrade may change them without a
+word, so ``tests/test_compat.py`` calls each against the installed versions, and greps that no other module uses one."""
 
 from pathlib import Path
 from typing import Any
@@ -56,8 +52,7 @@ class _NamingRestore(_CheckpointConnector):
     rolling_back = False
 
     def restore(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        """Only Lightning's tuners (lr_find, scale_batch_size) call this: back to the checkpoint they saved a moment
-        ago, this process's own file, before the rates they tried: its settings are not held to the tried ones."""
+        """Only Lightning's tuners call this, back to their own checkpoint: its settings predate the rates tried."""
         self.rolling_back = True
         try:
             super().restore(checkpoint_path, weights_only)
@@ -72,14 +67,12 @@ class _NamingRestore(_CheckpointConnector):
 
 
 def name_restore_errors(trainer: L.Trainer) -> None:
-    """Restore checkpoints into ``trainer`` as ``_NamingRestore`` does."""
     trainer._checkpoint_connector = _NamingRestore(trainer)
 
 
 def number_past_every_version(logger: Any) -> None:
-    """Lightning numbers a new run past the ``version_N`` directories under its name, and misses a name that is no
-    directory (a dangling link, a file), which it then fails to create: the run goes past every such name, never
-    into or through one."""
+    """Lightning numbers a new run past the ``version_N`` directories, and misses a name that is no directory (a
+    dangling link, a file), which it then fails to create: the run goes past every such name, never into one."""
     if isinstance(logger, TensorBoardLogger | CSVLogger) and logger._version is None:
         found = [path.name.split("_")[1] for path in Path(logger.root_dir).glob("version_*")]  # links: not followed
         logger._version = max((int(number) + 1 for number in found if number.isdigit()), default=0)

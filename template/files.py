@@ -41,14 +41,13 @@ def remove_stale_temporaries(directory: Path, pattern: str) -> None:
     """Remove the temporary files (``.<name>.<pid>.tmp``, matching ``pattern``) of writers no longer running."""
     for stale in directory.glob(pattern):
         pid = stale.name.rsplit(".", 2)[-2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
-        except ProcessLookupError:
-            stale.unlink(missing_ok=True)
-        except PermissionError:  # another user's process, alive
-            pass
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
+            except ProcessLookupError:
+                stale.unlink(missing_ok=True)
+            except PermissionError:  # another user's process, alive
+                pass
 
 
 class NotARegularFile(OSError):
@@ -56,9 +55,8 @@ class NotARegularFile(OSError):
 
 
 def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened to read if it is a regular file (links followed), else NotARegularFile says what it is: never
-    opened otherwise (a FIFO would wait for a writer forever, a tape or a tty acts on being opened), and checked again
-    once open, without waiting, in case another file took its name in between."""
+    """``path`` opened to read if a regular file (links followed), else NotARegularFile says what it is (a FIFO would
+    wait for a writer, a tty acts on being opened); checked again once open: another file may take its name."""
     check_regular(path, os.stat(path).st_mode)
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:

@@ -1,7 +1,5 @@
-"""Your modules in the working directory, and no others from there: ``--model my_module.F1Module`` finds
-``my_module.py`` where you run, while a library's optional import (``tabulate``, ``tensorflow``) never finds a file
-of that name in a folder you happen to run in (a stranger's run directory, an unpacked archive), even where a path
-the command names reads like a module (``--ckpt_path tabulate.ckpt``)."""
+"""Your modules where you run, and no others: ``--model my_module.F1Module`` finds ``./my_module.py``, but a library's
+optional import (``tabulate``) never finds one in a stranger's folder, even one a path names (``tabulate.ckpt``)."""
 
 import contextlib
 import importlib.abc
@@ -22,12 +20,10 @@ CLASS_IMPORTS = {("jsonargparse", "import_object"), ("template", "lookup"), ("te
 
 
 def named_modules(args: list[str]) -> set[str]:
-    """The first names of the dotted names in a command's arguments and in the config files they name (and those
-    files name, a few levels down): every module a command of yours can name."""
+    """The first names of dotted names in ``args`` and the config files they name (nested): modules a command names."""
     texts, read = [(Path(), text) for text in args], set()  # (the folder a text's file names are relative to, text)
-    for _ in range(MAX_CONFIG_DEPTH):
-        named = {where / match for where, text in texts for match in CONFIG_FILE.findall(text)}
-        named |= {Path(match) for _, text in texts for match in CONFIG_FILE.findall(text)}  # or to where you run
+    for _ in range(MAX_CONFIG_DEPTH):  # relative to that folder, or to where you run
+        named = {base / file for where, text in texts for file in CONFIG_FILE.findall(text) for base in (where, Path())}
         texts = []
         for file in named - read:
             read.add(file)
@@ -38,9 +34,8 @@ def named_modules(args: list[str]) -> set[str]:
 
 
 class OwnModules(importlib.abc.MetaPathFinder):
-    """Finds, after every other finder, a top-level module in ``folder`` that a command names as a class's module
-    (jsonargparse imports it for ``--model``, ``class_path``...), or that a module so found imports (``my_module``
-    importing ``my_helpers``); never one a library asks for, whatever the command's words."""
+    """Finds, after every other finder, a top-level module in ``folder`` that a command names as a class's (``--model``,
+    ``class_path``), or that one so found imports (``my_helpers``); never one a library asks for."""
 
     def __init__(self, folder: str, names: set[str]) -> None:
         self.folder, self.names, self.found = folder, names, set()
@@ -57,8 +52,7 @@ class OwnModules(importlib.abc.MetaPathFinder):
 
 
 def importer(frame) -> tuple[str, str]:
-    """The first name of the module, and the function, whose code asks for an import, past the import machinery's
-    frames (pkgutil.resolve_name's too)."""
+    """The module (its first name) and function asking for an import, past the import machinery (pkgutil's too)."""
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if not (module.startswith(("importlib", "pkgutil")) or frame.f_code.co_filename.startswith("<frozen")):

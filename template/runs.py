@@ -24,7 +24,6 @@ def loggers_of(config: Namespace | dict) -> list:
 
 
 def runs_dir(config: Namespace | dict) -> str:
-    """Where the configured TensorBoard logger writes its runs."""
     logger = loggers_of(config)[0]
     return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR) if is_tensorboard(logger) else DEFAULT_RUNS_DIR
 
@@ -41,10 +40,9 @@ def run_name_of(config: Namespace | dict) -> str | None:
 def place_run(
     config: Namespace, run_name: tuple[str, str] | None, resumed: Path | None, ckpt_path: Path | None
 ) -> None:
-    """Place a command's run under the user's runs directory: at ``run_name`` (a command running many fits), in
-    the run a resumed fit continues (``resumed``), or, evaluating ``ckpt_path``, as a new version of the run it
-    came from (unless the user named one), never into another run's directory; and tell the trackers where to write
-    and which run a resume continues."""
+    """Place a command's run under the runs directory: at ``run_name`` (a command running many fits), in the run a
+    resumed fit continues (``resumed``), or as a new version of the run ``ckpt_path`` came from (unless the user named
+    one), never into another run's directory; and tell the trackers where to write and which run a resume continues."""
     logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
     if is_tensorboard(logger):
         # Absolute: a resumed run's ModelCheckpoint then sees the directory it recorded, and restores its best so far.
