@@ -78,10 +78,7 @@ class ClassificationCLI(LightningCLI):
             try:
                 super().parse_arguments(parser, args)
             except SystemExit:  # an option's value it refuses may be the checkpoint's, not one given
-                print(
-                    f"(options read over the record of {self.restored.path}, which set those not given)",
-                    file=sys.stderr,
-                )
+                sys.stderr.write(f"(options read over the record of {self.restored.path}, which set those not given)\n")
                 raise
             self.config[subcommand].ckpt_path = None  # given to the Trainer in after_instantiate_classes
         elif ckpt_given:

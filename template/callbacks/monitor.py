@@ -17,6 +17,7 @@ from template.schedule import check_plan
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
 MAX_ROWS, MAX_NAMES = 100_000, 1_000  # metrics.csv rows (one an epoch) and columns a resumed run takes
+IN_PROGRESS = ("epoch", "lr", "seconds", "images", "loss")  # a checkpoint's figures of the epoch it stopped in
 
 
 def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
@@ -26,13 +27,6 @@ def heatmap(matrix: torch.Tensor, cell: int = 16) -> torch.Tensor:
     low, high = torch.tensor([0.1, 0.1, 0.4]), torch.tensor([1.0, 0.9, 0.1])
     image = low[:, None, None] + (high - low)[:, None, None] * share[None]  # (3, K, K)
     return image.repeat_interleave(cell, dim=1).repeat_interleave(cell, dim=2)
-
-
-def current_lr(trainer: L.Trainer) -> float:
-    """The largest of the parameter groups' learning rates: the head's, where layer decay or a frozen backbone's
-    scale lowers the others (the first group is then the stem's)."""
-    groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
-    return max((group["lr"] for group in groups), default=float("nan"))
 
 
 class TrainingMonitor(Callback):
@@ -61,16 +55,8 @@ class TrainingMonitor(Callback):
     def state_dict(self) -> dict:  # a resumed run's metrics.csv keeps the epochs before it
         self._write_row()
         seconds = self._train_end - self._epoch_start  # to its last training batch: a resume redoes those after
-        return {
-            "rows": self.rows,
-            "in_progress": {
-                "epoch": self._epoch,
-                "lr": self._lr,
-                "seconds": seconds,
-                "images": self._images,
-                "loss": float(self._loss),
-            },
-        }
+        figures = (self._epoch, self._lr, seconds, self._images, float(self._loss))
+        return {"rows": self.rows, "in_progress": dict(zip(IN_PROGRESS, figures))}
 
     def load_state_dict(self, state_dict: dict) -> None:
         rows = state_dict.get("rows")  # untrusted: numbers under metric names only, never a spreadsheet formula
@@ -83,10 +69,8 @@ class TrainingMonitor(Callback):
         ):
             self.rows = rows
         part = state_dict.get("in_progress")  # numbers only (loss: not in a checkpoint of an earlier version)
-        part = {"loss": 0.0, **part} if isinstance(part, dict) else None
-        if isinstance(part, dict) and all(
-            type(part.get(k)) in (int, float) for k in ("epoch", "lr", "seconds", "images", "loss")
-        ):
+        part = {"loss": 0.0, **part} if isinstance(part, dict) else {}
+        if all(type(part.get(key)) in (int, float) for key in IN_PROGRESS):
             self._carried = part
 
     @staticmethod
@@ -119,7 +103,10 @@ class TrainingMonitor(Callback):
         # callback_metrics keeps a value until it is logged again (train/grad_norm at some steps, val/ when
         # validation skips an epoch); each value logged anew is a new tensor, so the same objects are old.
         self._before = dict(trainer.callback_metrics)
-        self._lr = float(current_lr(trainer))  # the largest group's: a schedule that collapsed shows
+        # The largest group's rate: the head's, where layer decay or a frozen backbone's scale lowers the others (the
+        # first group is then the stem's); a schedule that collapsed shows.
+        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+        self._lr = float(max((group["lr"] for group in groups), default=float("nan")))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += len(batch[1])

@@ -27,15 +27,15 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
 
 
 class NonFiniteGuard(Callback):
-    """Checks the loss and the gradient norm before every optimizer step of any LightningModule: a NaN caught
-    before it spreads into the weights leaves the last checkpoints good. One device sync a step. With
-    ``16-mixed`` the gradient scaler already skips overflowing steps: only the loss is checked.
+    """Checks the loss and the gradient norm before every optimizer step of any LightningModule (one device sync): a
+    NaN caught before it spreads into the weights leaves the last checkpoints good. With ``16-mixed`` only the loss
+    is checked: the gradient scaler already skips overflowing steps.
 
     Args:
         skip: skip such steps (their gradients dropped), counted in ``train/skipped_steps``, instead of stopping.
-        check_every_n_steps: look only every this many steps and before every validation and checkpoint, for
-            GPU runs whose small steps a sync would stall: the weights in memory may then take bad steps, but no
-            checkpoint is written after one. ``skip`` needs 1.
+        check_every_n_steps: look only every this many steps and before every validation and checkpoint (GPU runs
+            whose small steps a sync would stall): bad steps may reach the weights in memory, never a checkpoint.
+            ``skip`` needs 1.
     """
 
     def __init__(self, skip: bool = False, check_every_n_steps: int = 1) -> None:

@@ -32,15 +32,15 @@ def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
 
 
 class ResumeState(Callback):
-    """Exact resume: the global random-number state (augmentation, dropout) and the epoch's training metrics so far
-    (the module's torchmetrics named ``train...``: its train/acc covers the whole epoch) in every checkpoint, restored
-    at ``on_train_start``; and a checkpoint on SIGTERM.
+    """Exact resume: every checkpoint holds the random-number states (augmentation, dropout) and the epoch's
+    training metrics so far (torchmetrics named ``train...``: train/acc covers the whole epoch), restored at
+    ``on_train_start``.
 
-    On SIGTERM, Lightning raises ``SIGTERMException`` after the running step, on every rank; this writes
+    On SIGTERM, Lightning raises ``SIGTERMException`` after the running step on every rank; this writes
     ``preempted_filename`` beside the other checkpoints and the CLI exits with 143, saying how to resume (SLURM's
-    SIGUSR1 requeues: scripts/slurm.sbatch). Lightning only reads its flag after a batch: a SIGTERM outside the
-    batches (an epoch-end hook, a checkpoint being written, a deadlocked collective), or a second one, ends the
-    process at once (143, its ranks killed).
+    SIGUSR1 requeues: scripts/slurm.sbatch). A SIGTERM outside the batches (where Lightning never reads its flag: an
+    epoch-end hook, a checkpoint being written, a deadlocked collective), or a second one, ends the process at once
+    (143, its ranks killed).
     """
 
     def __init__(self, preempted_filename: str = "preempted.ckpt") -> None:
@@ -76,9 +76,8 @@ class ResumeState(Callback):
                 for name, metric in training_metrics(pl_module):  # on rank 0 alone: the ranks' sum is the whole
                     for key, value in metric.metric_state.items() if name in metrics else ():  # one added since
                         saved = metrics[name].get(key)
-                        if not (
-                            isinstance(saved, torch.Tensor) and saved.shape == value.shape and saved.isfinite().all()
-                        ):
+                        fits = isinstance(saved, torch.Tensor) and saved.shape == value.shape and saved.isfinite().all()
+                        if not fits:
                             raise ValueError(f"{name}.{key} is no finite tensor of shape {tuple(value.shape)}")
                         setattr(metric, key, saved.to(value.device, value.dtype))
         if (states := self._pending) is None:

@@ -1,8 +1,7 @@
-"""Pretrained torchvision weights, offline: read from the torch hub cache (or ``weights_file``), or named as missing.
-
-``--model.net torchvision.models.resnet18 --model.net.weights DEFAULT`` builds the network with the data's class
-count and no weights; ``template.checkpoints.load_pretrained`` then reads the file as tensors only (never torch
-hub's own loader, which unpickles) into everything but the head. Nothing is downloaded while training.
+"""Pretrained torchvision weights, offline: from the torch hub cache (or ``weights_file``), or named as missing.
+``--model.net.weights DEFAULT`` builds the network with the data's class count and no weights, and
+``template.checkpoints.load_pretrained`` reads the file as tensors only (torch hub's own loader unpickles) into
+everything but the head. Nothing is downloaded while training.
 """
 
 import math
@@ -20,11 +19,10 @@ from template.nets.timm_models import pretrained_config, timm_net
 
 
 def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str | None, wanted: bool) -> str | None:
-    """The file the network starts from, if any, with the network and data arguments (jsonargparse Namespaces)
-    set for it: torchvision weights are read from the hub cache or ``weights_file``, the network built without
-    them; ``template.nets.timm_net`` reads its own (``weights_file`` as its ``pretrained_file``). The data takes
-    the weights' normalisation, input size and evaluation resize unless given. ``wanted``: False when a
-    checkpoint holds the weights."""
+    """The file the network starts from, if any, with the network and data arguments (jsonargparse Namespaces) set
+    for it (``timm_net`` reads its own, ``weights_file`` as its ``pretrained_file``); the data takes the weights'
+    normalisation, input size and evaluation resize unless given. ``wanted``: False when a checkpoint holds the
+    weights."""
     timm = pkgutil.resolve_name(class_path) is timm_net
     weights = net_args.get("weights")
     weights = weights if not timm and isinstance(weights, Enum) and hasattr(weights, "url") else None

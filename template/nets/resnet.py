@@ -1,6 +1,5 @@
-"""BasicBlock ResNets (He et al., 2016) with a CIFAR-style stem: one 3x3 convolution at stride 1 (no 7x7 conv
-and max-pool), as small images (8x8 digits, 32x32 CIFAR) would lose most of their pixels to an ImageNet stem.
-Global average pooling before the head makes every input size work."""
+"""BasicBlock ResNets (He et al., 2016) with a CIFAR-style stem, one 3x3 convolution at stride 1: small images (8x8
+digits, 32x32 CIFAR) would lose most of their pixels to ImageNet's 7x7 conv and max-pool."""
 
 from collections.abc import Sequence
 
@@ -22,8 +21,7 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU()  # not inplace: the input is still needed by the shortcut
 
         self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            # A 1x1 projection only where the shape changes (option B of the paper).
+        if stride != 1 or in_channels != out_channels:  # a 1x1 projection only where the shape changes (option B)
             self.shortcut = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
                 nn.BatchNorm2d(out_channels),
@@ -36,15 +34,15 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """A BasicBlock ResNet for image classification, returning raw logits.
+    """A BasicBlock ResNet for image classification, returning raw logits; global average pooling before the head
+    makes every input size work.
 
     Args:
         num_classes, in_channels: linked from the DataModule by the CLI.
         widths: output channels of each stage; every stage after the first halves height and width.
         blocks_per_stage: number of BasicBlocks in each stage, one entry per width.
         stem_width: channels of the 3x3 stem convolution; defaults to ``widths[0]``.
-        checkpoint_stages: recompute each stage's activations in the backward pass instead of storing them
-            (less memory, more compute).
+        checkpoint_stages: recompute each stage's activations in the backward pass (less memory, more compute).
     """
 
     def __init__(

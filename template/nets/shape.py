@@ -1,7 +1,6 @@
-"""Telling a network from YAML (any ``nn.Module`` class or builder: ``template.nets.ResNet18``,
-``torchvision.models.resnet18``...) the data's ``num_classes`` and ``in_channels`` where its signature takes them
-(``num_classes`` also through ``**kwargs``, as torchvision's builders pass it on), and refusing before training, naming
-both, one whose input or output does not fit the data."""
+"""Any network from YAML (a class or builder: ``torchvision.models.resnet18``) gets the data's ``num_classes`` and
+``in_channels`` where its signature takes them (``num_classes`` also through ``**kwargs``, as torchvision's builders
+pass it on); one whose input or output does not fit the data is refused before training, naming both."""
 
 import collections.abc
 import contextlib
@@ -40,14 +39,12 @@ def parameters_of(target: Any, returned: bool = True) -> Iterator[inspect.Parame
 
 
 def takes(target: Any, name: str) -> bool:
-    """Whether the network class or function ``target`` takes the argument ``name``."""
     with contextlib.suppress(TypeError, ValueError):
         return any(p.name == name or (name == "num_classes" and p.kind == p.VAR_KEYWORD) for p in parameters_of(target))
     return False
 
 
 def network_arguments(network: Any, init_args: dict, num_classes: int, in_channels: int) -> dict:
-    """``init_args`` with the data's class count and channels where the network (or its class path) takes them."""
     network = pkgutil.resolve_name(network) if isinstance(network, str) else network
     data = {"num_classes": num_classes, "in_channels": in_channels}
     return {**init_args, **{key: value for key, value in data.items() if takes(network, key)}}

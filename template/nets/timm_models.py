@@ -5,9 +5,9 @@
         class_path: template.nets.timm_net
         init_args: {name: resnet18.a1_in1k, pretrained: true, drop_path_rate: 0.05}
 
-The weights come from the Hugging Face cache (found without a network), the torch hub cache, or
-``pretrained_file`` (``--weights_file``), read as tensors and handed to timm, which adapts them to the
-network (a new classifier, the first convolution summed for grey images, its own key mapping).
+The weights come from the Hugging Face or torch hub cache (found without a network) or ``pretrained_file``
+(``--weights_file``); timm adapts them to the network (a new classifier, the first convolution summed for grey
+images, its own key mapping).
 """
 
 import os
@@ -142,5 +142,5 @@ def create(timm: Any, name: str, **settings: Any) -> nn.Module:
         raise ValueError(f"timm {name} cannot be built with {settings}: {type(error).__name__}: {error}") from None
 
 
-def as_tuple(value: Any) -> tuple:
+def as_tuple(value: Any) -> tuple:  # timm's classifier and first_conv: None, a name, or names
     return () if value is None else (value,) if isinstance(value, str) else tuple(value)
