@@ -32,9 +32,8 @@ from template.data.preprocessing import check_preprocessing
 def stratified_split(
     labels: np.ndarray, fractions: Sequence[float], seed: int, names: Sequence[str] = (), classes: Sequence[str] = ()
 ) -> list[np.ndarray]:
-    """Indices in len(fractions) + 1 disjoint parts that keep the class proportions: the remainder first,
-    then one per fraction (the options ``names`` and the labels' ``classes``, for errors). A plain random split can
-    give a validation set without some classes; a class too small for a share of every part is named."""
+    """Indices of len(fractions) + 1 disjoint parts keeping the class proportions (a random split may leave a class out
+    of val): the remainder, then one per fraction. ``names`` (the options) and ``classes`` (the labels') name errors."""
     if sum(fractions) >= 1.0 or min(fractions, default=0.0) <= 0.0:
         given = ", ".join(f"data.{name}={fraction}" for name, fraction in zip(names, fractions))
         raise ValueError(f"{given or f'split fractions {list(fractions)}'}: each must be above 0, all below 1 together")
@@ -91,11 +90,10 @@ def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
 class ImageDataModule(L.LightningDataModule, ABC):
     """Base of the image sources: splits, loaders, and device-side augmentation.
 
-    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W)) and ``class_names``
-    in ``__init__`` (the CLI links them into the model) and implement ``load_split``. Batches reach the
-    device as uint8 at ``resize_size``; ``on_after_batch_transfer`` applies ``template.data.augment`` (all
-    off by default) or, evaluating, the centre crop. The normalisation and resize (``preprocessing``) are
-    saved in every checkpoint and restored from it, so a model is evaluated as it was trained.
+    Subclasses set ``num_classes``, ``in_channels``, ``image_size`` (a side, or (H, W)) and ``class_names`` in
+    ``__init__`` (the CLI links them into the model) and implement ``load_split``. Batches reach the device as uint8
+    at ``resize_size``, augmented there (``template.data.augment``, all off by default) or centre-cropped to evaluate.
+    The normalisation and resize (``preprocessing``) travel in every checkpoint: a model is evaluated as trained.
 
     Args:
         batch_size: images per batch on each device.
@@ -218,7 +216,6 @@ class ImageDataModule(L.LightningDataModule, ABC):
         return TensorImageDataset(images, labels)
 
     def loader_workers(self, dataset: Dataset) -> int:
-        """DataLoader worker processes for ``dataset``."""
         return self.num_workers
 
     def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,8 +280,14 @@ class ImageDataModule(L.LightningDataModule, ABC):
         """How an image becomes the model's input (``template.data.preprocessing``)."""
         if len(self.mean) == 0:
             self._compute_normalization()
-        return {"input_shape": list(self.input_shape), "resize": self.resize, "resize_size": list(self.resize_size),
-                "interpolation": self.interpolation, "mean": self.mean.tolist(), "std": self.std.tolist()}  # fmt: skip
+        return {
+            "input_shape": list(self.input_shape),
+            "resize": self.resize,
+            "resize_size": list(self.resize_size),
+            "interpolation": self.interpolation,
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+        }
 
     def use_preprocessing(self, record: dict, source: str = "the checkpoint") -> None:
         """Normalise as a trained model expects; another input shape, resize or given mean and std is an error."""
@@ -330,9 +333,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
         batch_size = self.device_batch_size(world_size)
-        # Train only: drop the short last batch under half a batch (a noisy step, poor BatchNorm statistics;
-        # reshuffled each epoch); keep a longer one, which on a small set is a large share. Every rank has
-        # the sampler's equal share, so every rank takes the same number of steps.
+        # Train only: drop a last batch under half a batch (a noisy step, poor BatchNorm statistics; reshuffled each
+        # epoch), keep a longer one (on a small set, a large share). Ranks have equal shares: equal step counts.
         full_batches, rest = divmod(len(dataset) // world_size, batch_size)
         drop_last = rest < batch_size / 2
         if train and full_batches == 0 and drop_last:
@@ -420,8 +422,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 if hflip == "alternate":  # which images these are: their place in the epoch's order
                     hflip = self.train_sampler.alternating_flips(len(labels)).to(images.device)
                 self.train_sampler.consumed += len(labels)  # a mid-epoch checkpoint resumes after it
-            images = augment(images, self.crop_padding, hflip, self.policy, self.image_size, self.crop_scale,
-                             self.crop_ratio)  # fmt: skip
+            images = augment(
+                images, self.crop_padding, hflip, self.policy, self.image_size, self.crop_scale, self.crop_ratio
+            )
         else:
             images = center_crop(images, self.image_size)  # as torchvision's Resize + CenterCrop evaluate
         images = normalize(images, self.mean.to(images.device), self.std.to(images.device))

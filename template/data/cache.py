@@ -22,9 +22,8 @@ from template.files import read_at_most, replaced_atomically, write_atomic
 
 CACHE_VERSION = 4  # raised whenever what a cache holds or how it is checked changes: older caches are rebuilt
 DISK_SHARE = 0.9  # the most of the free disk space a cache may take: the rest is for checkpoints and logs
-# The most a JSON record may take, read whole: its shape and checksum, then each file's path, which comes again in
-# the reason the file is unreadable. A path is at most 4,096 bytes (Linux's PATH_MAX), up to three times that in
-# JSON's \u escapes: 32 KiB a file leaves room for the reason's words. A larger record is damage, and rebuilt.
+# The most a JSON record may take, read whole: its shape and checksum, then per file its path twice (the list, the
+# reason; 4,096 bytes each at most, PATH_MAX, tripled by \u escapes) and the reason's words. More is damage: rebuilt.
 RECORD_BYTES, RECORD_BYTES_PER_FILE = 1 << 20, 32 << 10
 KEY_BYTES = 32
 
@@ -50,14 +49,13 @@ def fingerprint(files: list[Path], settings: dict) -> str:
 
 @functools.cache
 def cache_key() -> bytes | None:
-    """This user's secret for the caches' checksums, made once (``~/.cache/<package>/cache.key``, readable by its
-    owner only): a cache written elsewhere, its pixels and checksum together, matches nothing made here. None where
-    no folder of the user's can hold it (a read-only home; no home but the working directory, which is anyone's)."""
+    """This user's secret for the caches' checksums (``~/.cache/<package>/cache.key``, owner-only): a cache written
+    elsewhere, pixels and checksum together, matches nothing made here. None where no folder of the user's holds it."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     path = Path(base, __package__.partition(".")[0], "cache.key")
     try:
         if not path.is_absolute():
-            raise OSError("not an absolute path")
+            raise OSError("not an absolute path")  # no home but the working directory, which is anyone's
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_name(f".cache.key.{os.getpid()}.tmp")
@@ -171,13 +169,7 @@ def open_cache(array_path: Path, record_path: Path, shape: tuple[int, ...]) -> t
 
 
 def load_or_build(
-    files: list[Path],
-    size: tuple[int, int],
-    mode: str,
-    cache_dir: Path,
-    workers: int,
-    name: str,
-    interpolation="bilinear",
+    files: list[Path], size: tuple[int, int], mode: str, cache_dir: Path, workers: int, name: str, interpolation: str
 ) -> tuple[np.ndarray, dict[int, str]]:
     """The uint8 (N, C, H, W) array of ``files`` and the unreadable ones ({index: reason}): the cache when it
     matches and is whole, else decoded and written (CacheTooLarge first when it would not fit)."""

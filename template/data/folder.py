@@ -51,8 +51,7 @@ def describe(paths: list[str], what: str) -> str:
     return f"{len(paths)} {what}:\n  {listed}{more}"
 
 
-def named(files: list[Path], invalid: dict[int, str]) -> list[str]:
-    """The unreadable ``files`` ({index: reason}), each with its reason, for ``describe``."""
+def named(files: list[Path], invalid: dict[int, str]) -> list[str]:  # {index: reason} of describe's unreadable files
     return [f"{files[index]} ({reason})" for index, reason in sorted(invalid.items())]
 
 
@@ -199,8 +198,7 @@ class ImageFolderDataModule(ImageDataModule):
                     "run (from its weights: --weights_file, which replaces the head)"
                 )
         problems = []  # every problem of the layout, then of the files, said in one message: one round of fixes
-        empty = [str(self.root / split / name) for split, found in folders.items()
-                 for name, files in found.items() if not files]  # fmt: skip
+        empty = [str(self.root / split / name) for split, found in folders.items() for name in found if not found[name]]
         if empty:
             problems.append(describe(empty, "empty class folder(s); remove them or add images"))
         known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")

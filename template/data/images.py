@@ -11,11 +11,9 @@ FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "ICO", "JP
 
 
 def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
-    """The image of ``path`` decoded in full, upright (EXIF orientation), 16-bit scaled to 8, in ``mode``.
-
-    With ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least ``draft``
-    (libjpeg's DCT scaling): faster, and within about a level of 255 of a full decode.
-    """
+    """The image of ``path`` decoded in full, upright (EXIF orientation), 16-bit scaled to 8, in ``mode``. With
+    ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least ``draft`` (libjpeg's
+    DCT scaling): faster, and within about a level of 255 of a full decode."""
     try:
         image = Image.open(path, formats=FORMATS)
     except Image.UnidentifiedImageError:  # Pillow's words name no format it was allowed

@@ -11,6 +11,7 @@ and the model's input is ``(pixels / 255 - mean) / std``, (B, C, H, W) float32. 
 ``resize_size`` mean ``[H, W]``.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,14 +27,21 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 # Bounds on a record from a file, each well past what a trained run writes: a damaged or doctored record is refused
 # before it costs memory and disk (every image is cached at resize_size) or turns every prediction into NaN.
 MAX_CHANNELS, MAX_PIXELS = 64, 1 << 24  # of input_shape, and of resize_size: restore.py's caps on input_shape
-# resize_size over the input's side: torchvision's weights use 256 / 224, timm's at most 1 / 0.875, ours 8 / 7.
-MAX_RESIZE_RATIO = 4
-# A channel of [0, 1] pixels has a mean in [0, 1] (pretrained records: 0 to 0.5); a whole range's margin each side.
-MEAN_RANGE = (-1.0, 2.0)
-# Such a channel's std is at most 0.5; records use 1/255 (torchvision's VGG16 features) to 1 (timm's raw pixels).
-# The floor is channel_stats' for a constant channel, as float32 holds it: normalised pixels stay finite (under
-# 3e6), where a std of 1e-300 is 0 in float32 and makes every image NaN.
+MAX_RESIZE_RATIO = 4  # of resize_size over the input's side: torchvision's weights 256 / 224, timm's 1 / 0.875 at most
+MEAN_RANGE = (-1.0, 2.0)  # a [0, 1] channel's mean is in [0, 1] (pretrained: 0 to 0.5); a range's margin each side
+# Such a channel's std is at most 0.5; records use 1/255 (torchvision's VGG16 features) to 1 (timm's raw pixels). The
+# floor is channel_stats' for a constant channel, in float32: pixels stay finite, where 1e-300 (0 in float32) is NaN.
 STD_RANGE = (float(np.float32(1e-6)), 10.0)
+
+
+def _ints_within(values: Any, least: Sequence[int], most: Sequence[int]) -> bool:
+    """Whether ``values`` is a list or tuple of ints within the bounds, the last two at most MAX_PIXELS together."""
+    return (
+        isinstance(values, list | tuple)
+        and len(values) == len(least)
+        and all(type(n) is int and low <= n <= high for n, low, high in zip(values, least, most))  # then multiplied
+        and values[-2] * values[-1] <= MAX_PIXELS
+    )
 
 
 def check_preprocessing(record: Any, source: str) -> dict:
@@ -44,13 +52,7 @@ def check_preprocessing(record: Any, source: str) -> dict:
             "may be left out), and no other"
         )
     shape = record["input_shape"]
-    if not (
-        isinstance(shape, list | tuple)
-        and len(shape) == 3
-        and all(type(n) is int and 0 < n <= MAX_PIXELS for n in shape)  # before they are multiplied
-        and shape[0] <= MAX_CHANNELS
-        and shape[1] * shape[2] <= MAX_PIXELS
-    ):
+    if not _ints_within(shape, (1, 1, 1), (MAX_CHANNELS, MAX_PIXELS, MAX_PIXELS)):
         raise ValueError(
             f"{source}: preprocessing input_shape must be three positive integers (C, H, W), at most "
             f"{MAX_CHANNELS} channels and {MAX_PIXELS:,} pixels, not {shape!r}"
@@ -58,15 +60,7 @@ def check_preprocessing(record: Any, source: str) -> dict:
     if record["resize"] not in RESIZE:
         raise ValueError(f"{source}: preprocessing resize {record['resize']!r} is none of {', '.join(RESIZE)}")
     resize_size = record.get("resize_size", shape[1:])
-    if not (
-        isinstance(resize_size, list | tuple)
-        and len(resize_size) == 2
-        and all(
-            type(n) is int and side <= n <= MAX_RESIZE_RATIO * side
-            for n, side in zip(resize_size, shape[1:], strict=True)
-        )
-        and resize_size[0] * resize_size[1] <= MAX_PIXELS
-    ):
+    if not _ints_within(resize_size, shape[1:], [MAX_RESIZE_RATIO * side for side in shape[1:]]):
         raise ValueError(
             f"{source}: preprocessing resize_size must be two integers (H, W) at least the input's {shape[1:]}, "
             f"at most {MAX_RESIZE_RATIO} times it and {MAX_PIXELS:,} pixels, not {resize_size!r}"
