@@ -16,6 +16,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_warn
 
+from template.nets.shape import parameters_of, takes
+
 # Commands besides fit / validate / test / predict, each a module with main(args).
 EXTRA_COMMANDS = {
     name: f"{__package__}.tools.{name.replace('-', '_')}" for name in ("doctor", "lr-find", "export", "sweep", "cv")
@@ -28,6 +30,8 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,99}")  # a run's folder: a plain nam
 # Lines of a jsonargparse error that say where it looked, not what is wrong.
 WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
                              r"|Expected a <class 'NoneType'>|Given value)")  # fmt: skip
+# An option the class a parse chose does not take (its parameters are the nearest; its kind's others may take it).
+UNACCEPTED = re.compile(r"class_path '([\w.]+)':\s*\n\s*Option '(\w+)' is not accepted")
 # The recipe's classes whose recipe values are theirs alone (the AdamW weight decay is not SGD's).
 SWITCHABLE = ("optimizer", "lr_scheduler", "net")
 # Metrics a checkpoint keeps at their lowest and highest, by name (val/loss, val_err; val/AUC, val/mIoU).
@@ -51,6 +55,34 @@ def nearest_option(message: str, known: list[str]) -> str:
         if close := difflib.get_close_matches(given, known, n=1, cutoff=0.75):
             message += f"\n{given}: no such option; did you mean {close[0]}?"
     return message
+
+
+def taken_elsewhere(message: str) -> str:
+    """``message`` where it refuses an option the chosen class does not take, with the nearest option it does
+    take and the other classes of its kind that take it (``--data.root`` with the digits: the image folders')."""
+    if not (found := UNACCEPTED.search(message)):
+        return message
+    chosen, option = loaded(found[1]), found[2]
+    if not isinstance(chosen, type):
+        return message
+    own = [parameter.name for parameter in parameters_of(chosen) if parameter.kind != parameter.VAR_KEYWORD]
+    hints = [f"did you mean {close[0]!r}?"] if (close := difflib.get_close_matches(option, own, n=1)) else []
+    kinds = [loaded(name) for name in re.findall(r"<class '([\w.]+)'>", message)]  # the Union's
+    others = {cls for kind in kinds if isinstance(kind, type) for cls in subclasses(kind) if cls is not chosen}
+    if takers := sorted(cls.__name__ for cls in others if not inspect.isabstract(cls) and takes(cls, option)):
+        key = re.search(r'Parser key "([^"]+)"', message)
+        hints.append(f"an option of {', '.join(takers)}: choose that class first (--{key[1] if key else 'class'} NAME)")
+    return message[: found.end()] + "".join(f"; {hint}" for hint in hints) + message[found.end() :]
+
+
+def loaded(name: str) -> object:
+    """What ``name`` (module.attribute) stands for, if that module is imported already (the parse imported it)."""
+    module, _, attribute = name.rpartition(".")
+    return getattr(sys.modules.get(module), attribute, None)
+
+
+def subclasses(cls: type) -> set[type]:
+    return {cls}.union(*(subclasses(sub) for sub in cls.__subclasses__()))
 
 
 def names_checkpoint(args: list[str]) -> bool:
@@ -158,7 +190,9 @@ class ConciseArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None):
         if not wants_traceback():
-            message = nearest_option(condense(message), [o for a in self._actions for o in a.option_strings])
+            message = nearest_option(
+                condense(taken_elsewhere(message)), [o for a in self._actions for o in a.option_strings]
+            )
         super().error(message, ex)
 
     def print_usage(self, file=None) -> None:

@@ -14,7 +14,7 @@ from template.callbacks.predictions import spreadsheet_safe
 from template.cli import cli
 from template.commands import main
 from template.nets import ResNet18
-from template.options import without_data_options
+from template.options import taken_elsewhere, without_data_options
 from template.tools.sweep import example_options, read_space
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,6 +102,31 @@ def test_config_errors_fail_before_training_and_name_the_key(tmp_path, capsys, y
     # One line of reason, not jsonargparse's tree of every Union member it tried, nor every option.
     assert "Union subtypes" not in error and "Given value type" not in error and len(error.splitlines()) <= 3
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--data.batch_sise", "64"], "Option 'batch_sise' is not accepted; did you mean 'batch_size'?"),
+        (["--model.lr_schedulr", "x"], "did you mean 'lr_scheduler'?"),
+        # An option of another DataModule (the image folders' root with the default digits: --config forgotten).
+        (["--data.root", "photos"], "an option of CIFAR10DataModule, ImageFolderDataModule: choose that class first"),
+        (["--data.cache_dir", "c"], "an option of ImageFolderDataModule: choose that class first (--data NAME)"),
+    ],
+)
+def test_an_option_the_chosen_class_does_not_take_is_told_where_it_belongs(tmp_path, capsys, args, says):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["fit", *args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert says in error and len(error.splitlines()) <= 3, error
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_hint_for_a_refused_option_never_imports_or_fails():
+    message = "Problem with given class_path 'not_imported.Module':\n  Option 'root' is not accepted"
+    assert taken_elsewhere(message) == message  # a class no parse imported: the message as it was
+    assert "not_imported" not in sys.modules
 
 
 @pytest.fixture
