@@ -77,6 +77,11 @@ def resize_pair(
     return pair
 
 
+def described(root: Path) -> str:
+    """``root`` as an error names it, saying so where it is no folder (a mistyped --data.root)."""
+    return f"{root.resolve()}{'' if root.is_dir() else ' (not a folder)' if root.exists() else ' (no such folder)'}"
+
+
 class ImageFolderDataModule(ImageDataModule):
     """Images in class folders ``root/<split>/<class>/*``, decoded once into a cache or streamed from the files,
     each resized to cover ``resize_size`` and centre-cropped. The class names and normalisation travel in the
@@ -179,7 +184,7 @@ class ImageFolderDataModule(ImageDataModule):
             return {}
         train = self.root / "train"
         if not train.is_dir() and classes is None:
-            raise FileNotFoundError(f"no train/ folder in {self.root.resolve()}: expected train/<class>/<image files>")
+            raise FileNotFoundError(f"no train/ folder in {described(self.root)}: expected train/<class>/<image files>")
         folders = {
             split: {path.name: list_files(path) for path in visible(self.root / split, False) if path.is_dir()}
             for split in ("train", "val", "test")
@@ -284,7 +289,7 @@ class ImageFolderDataModule(ImageDataModule):
         if split not in self.folders:
             or_else = ", set data.test_fraction above 0, or run validate" if split == "test" else ""
             raise FileNotFoundError(
-                f"no {split}/ folder in {self.root.resolve()}: add {split}/<class>/<image files>{or_else}"
+                f"no {split}/ folder in {described(self.root)}: add {split}/<class>/<image files>{or_else}"
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]

@@ -237,8 +237,14 @@ def test_skip_invalid_leaves_them_out_and_says_which(image_folder, tmp_path):
 
 
 def test_layout_problems_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no train/ folder in"):
+    with pytest.raises(FileNotFoundError, match="no train/ folder in") as refused:
         ImageFolderDataModule(str(tmp_path))
+    assert "no such folder" not in str(refused.value)  # the folder is there: its train/ is not
+    with pytest.raises(FileNotFoundError, match=r"no train/ folder in \S*photo \(no such folder\)"):
+        ImageFolderDataModule(str(tmp_path / "photo"))  # a mistyped --data.root says so
+    (tmp_path / "photos.zip").write_bytes(b"PK")
+    with pytest.raises(FileNotFoundError, match=r"photos.zip \(not a folder\)"):
+        ImageFolderDataModule(str(tmp_path / "photos.zip"))
     (tmp_path / "train" / "cat").mkdir(parents=True)
     (tmp_path / "train" / "dog").mkdir()
     Image.new("RGB", (4, 4)).save(tmp_path / "train" / "cat" / "a.png")
