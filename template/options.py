@@ -16,7 +16,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_warn
 
-from template.nets.shape import parameters_of, takes
+from template.nets.shape import parameters, takes
 
 # Commands besides fit / validate / test / predict, each a module with main(args).
 EXTRA_COMMANDS = {
@@ -65,9 +65,10 @@ def taken_elsewhere(message: str) -> str:
     chosen, option = loaded(found[1]), found[2]
     if not isinstance(chosen, type):
         return message
-    own = [parameter.name for parameter in parameters_of(chosen) if parameter.kind != parameter.VAR_KEYWORD]
+    own = list(parameters(chosen)[0])
     hints = [f"did you mean {close[0]!r}?"] if (close := difflib.get_close_matches(option, own, n=1)) else []
-    kinds = [loaded(name) for name in re.findall(r"<class '([\w.]+)'>", message)]  # the Union's
+    union = re.search(r"Subtypes: \[(.*)\]", message)  # jsonargparse's, from the annotation: never a given value
+    kinds = [loaded(name) for name in re.findall(r"<class '([\w.]+)'>", union[1] if union else "")]
     others = {cls for kind in kinds if isinstance(kind, type) for cls in subclasses(kind) if cls is not chosen}
     if takers := sorted(cls.__name__ for cls in others if not inspect.isabstract(cls) and takes(cls, option)):
         key = re.search(r'Parser key "([^"]+)"', message)

@@ -45,7 +45,7 @@ from template.checkpoints import (
 )
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
-from template.nets.shape import network_arguments, parameters_of, type_hints
+from template.nets.shape import network_arguments, parameters, parameters_of, type_hints
 from template.options import option_values
 from template.runs import runs_dir
 from template.text import printable
@@ -162,15 +162,6 @@ def class_paths(config: Any) -> set[str]:
     found = {config["class_path"]} if isinstance(config, dict) and isinstance(config.get("class_path"), str) else set()
     values = config.values() if isinstance(config, dict) else config if isinstance(config, list | tuple) else ()
     return found.union(*(class_paths(value) for value in values))
-
-
-def parameters(target: Any) -> tuple[dict[str, Any], bool]:
-    """The type of each argument ``target`` takes (through its classes' ``**kwargs``), and whether it takes others."""
-    found, more = {}, False
-    for parameter in parameters_of(target, returned=False):  # a builder's **kwargs: jsonargparse's (takes)
-        if not (more := parameter.kind == parameter.VAR_KEYWORD) and parameter.kind != parameter.VAR_POSITIONAL:
-            found.setdefault(parameter.name, parameter.annotation)
-    return found, more
 
 
 def kind_of(annotation: Any) -> str | None:

@@ -127,6 +127,12 @@ def test_the_hint_for_a_refused_option_never_imports_or_fails():
     message = "Problem with given class_path 'not_imported.Module':\n  Option 'root' is not accepted"
     assert taken_elsewhere(message) == message  # a class no parse imported: the message as it was
     assert "not_imported" not in sys.modules
+    # The classes to suggest come from the Union jsonargparse built from the annotation, never from a given value.
+    refused = "Problem with given class_path 'template.data.DigitsDataModule':\n  Option 'root' is not accepted"
+    given = f"{refused}\n  Given value: \"<class 'template.data.base.ImageDataModule'>\""
+    assert taken_elsewhere(given) == given
+    union = f"{refused}\n  Subtypes: [<class 'template.data.base.ImageDataModule'>, <class 'NoneType'>]"
+    assert "an option of CIFAR10DataModule, ImageFolderDataModule" in taken_elsewhere(union)
 
 
 @pytest.fixture

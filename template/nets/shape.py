@@ -38,6 +38,15 @@ def parameters_of(target: Any, returned: bool = True) -> Iterator[inspect.Parame
     yield kwargs[0]
 
 
+def parameters(target: Any) -> tuple[dict[str, Any], bool]:
+    """The type of each argument ``target`` takes (through its classes' ``**kwargs``), and whether it takes others."""
+    found, more = {}, False
+    for parameter in parameters_of(target, returned=False):  # a builder's **kwargs: jsonargparse's (takes)
+        if not (more := parameter.kind == parameter.VAR_KEYWORD) and parameter.kind != parameter.VAR_POSITIONAL:
+            found.setdefault(parameter.name, parameter.annotation)
+    return found, more
+
+
 def takes(target: Any, name: str) -> bool:
     with contextlib.suppress(TypeError, ValueError):
         return any(p.name == name or (name == "num_classes" and p.kind == p.VAR_KEYWORD) for p in parameters_of(target))
