@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import StratifiedKFold, train_test_split
 from torch.utils.data import DataLoader, Dataset
 
+from template.compat import at_last_batch
 from template.data.augment import (  # one name a line: a renamed project's longer package name fits
     POLICIES,
     RATIO,
@@ -376,8 +377,12 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
         state = {"preprocessing": self.preprocessing()} if len(self.mean) else {}
-        if (sampler := self.train_sampler) is not None:
-            state["train_sampler"] = {"epoch": sampler.epoch, "samples_consumed": sampler.consumed}
+        if (sampler := self.train_sampler) is not None:  # at an epoch's end, the next's start: Lightning's loader
+            ended = self.trainer is not None and at_last_batch(self.trainer, validating=False)  # draws before set_epoch
+            state["train_sampler"] = {
+                "epoch": sampler.epoch + ended,
+                "samples_consumed": 0 if ended else sampler.consumed,
+            }
         return state
 
     def load_state_dict(self, state: dict) -> None:

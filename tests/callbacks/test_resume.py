@@ -99,6 +99,23 @@ def test_two_deterministic_runs_give_identical_weights(run_cli):
     assert record["packages"]["torch"] == torch.__version__.split("+")[0]
 
 
+def test_a_run_resumed_at_an_epochs_end_trains_the_next_epoch_with_worker_processes(run_cli, tmp_path):
+    """Lightning starts a resumed run's loader (its worker processes take their first indices) before it sets the
+    sampler's next epoch: the epoch it resumes at must already be the next one, or that epoch runs no batch."""
+    short = [*DETERMINISTIC, "--trainer.limit_train_batches", "3", "--data.num_workers", "1"]
+    straight = run_cli("fit", "--trainer.max_epochs", "3", *short)
+    stop = tmp_path / "stop.yaml"
+    stop.write_text(
+        "trainer:\n  callbacks:\n    - class_path: test_resume.StopAfterEpochs\n      init_args: {epochs: 1}\n"
+    )
+    first = run_cli("fit", "--trainer.max_epochs", "3", *short, "--config", str(stop))
+    resumed = run_cli("fit", "--trainer.max_epochs", "3", *short, "--ckpt_path", "last")
+    assert resumed.trainer.global_step == 9 and Path(resumed.trainer.log_dir) == Path(first.trainer.log_dir)
+    assert_same_weights(
+        *(weights(Path(run.trainer.log_dir) / "checkpoints" / "last.ckpt") for run in (straight, resumed))
+    )
+
+
 def fit_command(runs_dir: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "template", "fit",
