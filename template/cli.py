@@ -118,6 +118,11 @@ class ClassificationCLI(LightningCLI):
         weights_file = pretrained(
             net.class_path, init_args, data_args, config.get("weights_file"), self.restored is None
         )
+        if self.subcommand in options.EVALUATING and not (self.restored or weights_file or init_args.get("pretrained")):
+            raise ValueError(
+                f"{self.subcommand} with no --ckpt_path would score a network of random weights: give --ckpt_path "
+                "best (the latest run's best; or last, or a .ckpt file), or the weights as --weights_file FILE"
+            )
         data = instantiate_data(data_config)
         if self.restored is None:  # a checkpoint's sizes are held to the data by fit_data, which names the file
             linked = {key: getattr(data, key) for key in ("num_classes", "class_names", "input_shape")}

@@ -25,6 +25,7 @@ EXTRA_COMMANDS = {
 # The recipe's defaults, written once: loaded before any --config file or option.
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+EVALUATING = SUBCOMMANDS[1:]  # each scores trained weights: a checkpoint's, or a weights file's
 RUN_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,99}")  # a run's folder: a plain name, never a path
 
 # Lines of a jsonargparse error that say where it looked, not what is wrong.

@@ -13,7 +13,7 @@ from template.callbacks import PredictionWriter
 from template.callbacks.predictions import spreadsheet_safe
 from template.cli import cli
 from template.commands import main
-from template.nets import ResNet18
+from template.nets import ResNet18, ResNetSmall
 from template.options import taken_elsewhere, without_data_options
 from template.tools.sweep import example_options, read_space
 
@@ -73,6 +73,18 @@ def test_ckpt_path_alias_without_runs_is_a_clear_error(run_cli, capsys):
     assert exit_info.value.code == 1  # bad input, as README says: one message, no usage line
     error = capsys.readouterr().err
     assert "no run with checkpoints/last.ckpt under" in error and "usage:" not in error
+
+
+def test_an_evaluation_scores_trained_weights_or_is_refused_before_anything_is_written(run_cli, tmp_path):
+    for command in ("validate", "test", "predict"):  # no checkpoint: a network of random weights, scored as if trained
+        with pytest.raises(ValueError, match=f"^{command} with no --ckpt_path would score a network of random weights"):
+            run_cli(command)
+    assert not run_cli.runs_dir.exists()
+    net = ResNetSmall(num_classes=10, in_channels=1)
+    torch.save(net.state_dict(), tmp_path / "weights.pt")
+    validated = run_cli("validate", "--weights_file", str(tmp_path / "weights.pt"), "--trainer.limit_val_batches", "1")
+    assert torch.equal(validated.model.net.stem[0].weight, net.stem[0].weight)
+    assert "val/acc" in validated.trainer.callback_metrics
 
 
 def test_a_profiler_plugs_in_from_the_command_line(tmp_path):
@@ -283,11 +295,13 @@ def mistakes(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     unreadable = write_image_folder(tmp_path / "unreadable", splits=("train",))
     (unreadable / "train" / "cat" / "broken.jpg").write_bytes(b"not an image")
     (tmp_path / "file").write_text("a file where the runs directory should be")
+    torch.save(ResNetSmall(num_classes=3).state_dict(), tmp_path / "weights.pt")  # evaluated: weights, if untrained
     folder = ["--config", str(REPO / "configs" / "imagefolder.yaml"), "--data.num_workers", "0", "--data.root"]
-    cache = ["--data.cache_dir", str(tmp_path / "cache")]
+    cache, weights = ["--data.cache_dir", str(tmp_path / "cache")], ["--weights_file", str(tmp_path / "weights.pt")]
     return {
-        "no test folder": (["test", *folder, str(no_test), "--data.test_fraction", "0", *cache], "no test/ folder"),
-        "no predict_path": (["predict", *folder, str(no_test), *cache], "predict needs images"),
+        "no trained weights": (["test"], "test with no --ckpt_path would score a network of random weights"),
+        "no test folder": (["test", *folder, str(no_test), "--data.test_fraction", "0", *cache, *weights], "no test/"),
+        "no predict_path": (["predict", *folder, str(no_test), *cache, *weights], "predict needs images"),
         "an empty class folder": (["fit", *folder, str(empty), *cache], "empty class folder"),
         "a single class": (["fit", *folder, str(one_class), *cache], "only one class folder"),
         "an unreadable image": (["fit", *folder, str(unreadable), *cache], "broken.jpg"),
