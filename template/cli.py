@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from template import options
 from template.callbacks import NonFiniteGuard, PredictionWriter, ResumeState, RunRecord, TrainingMonitor
+from template.callbacks.resume import Trainer
 from template.callbacks.run_record import run_directory
 from template.checkpoints import AtomicCheckpointIO, load_pretrained
 from template.compat import name_restore_errors, number_past_every_version
@@ -201,6 +202,7 @@ def cli(
         return type("ClassificationCLI", (ClassificationCLI,), placed)(
             ClassificationModule,
             ImageDataModule,
+            trainer_class=Trainer,  # on SIGTERM, stops once a group of accumulated gradients has stepped
             subclass_mode_data=True,
             parser_class=options.ConciseArgumentParser,
             subclass_mode_model=True,

@@ -24,6 +24,11 @@ def at_last_batch(trainer: L.Trainer, validating: bool) -> bool:
     return (loop.val_loop if validating else loop).batch_progress.is_last_batch
 
 
+def accumulating(trainer: L.Trainer) -> bool:
+    """Whether the training batches run so far end within a group of gradient accumulation (no optimizer step yet)."""
+    return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
 def batches_done_in_epoch(trainer: L.Trainer) -> int:
     """The batches a fit resumed within an epoch had run of it (0 at an epoch's start)."""
     loop = trainer.fit_loop.epoch_loop

@@ -10,6 +10,7 @@ import torch
 
 from template.checkpoints import CheckpointError
 from template.compat import (
+    accumulating,
     at_last_batch,
     batches_done_in_epoch,
     is_compiled,
@@ -43,6 +44,7 @@ def test_each_internal_still_does_what_the_project_needs(monkeypatch, tmp_path):
     class Probe(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen.setdefault("train", []).append(at_last_batch(trainer, validating=False))
+            seen.setdefault("accumulating", []).append(accumulating(trainer))
 
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
             if not trainer.sanity_checking:
@@ -57,9 +59,15 @@ def test_each_internal_still_does_what_the_project_needs(monkeypatch, tmp_path):
             seen.setdefault("done", []).append(batches_done_in_epoch(trainer))
 
     trainer = L.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[Probe(), Within()])  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[Probe(), Within()],
+                        accumulate_grad_batches=2)  # fmt: skip
     trainer.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule())
-    assert seen == {"train": [False, False, True], "val": [False, True], "done": [0]}
+    assert seen == {
+        "train": [False, False, True],
+        "val": [False, True],
+        "done": [0],
+        "accumulating": [True, False, False],
+    }
     resumed = L.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, callbacks=[Within()])  # fmt: skip
     resumed.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule(), ckpt_path=tmp_path / "within.ckpt")

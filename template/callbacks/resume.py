@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torchmetrics import Metric
 
 from template.checkpoints import restoring
-from template.compat import at_last_batch, kill_launched
+from template.compat import accumulating, at_last_batch, kill_launched
 
 RNG_KEY, METRICS_KEY = "rng_states", "training_metrics"
 # A SIGTERM this soon after the first is the same one delivered twice: timeout(1) signals the process and then
@@ -29,6 +29,15 @@ def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
     """The module's metrics an epoch of training gathers (``train_acc``): those of tensor states (not lists)."""
     found = [(name, m) for name, m in module.named_modules() if isinstance(m, Metric) and name.startswith("train")]
     return [(name, m) for name, m in found if all(isinstance(v, torch.Tensor) for v in m.metric_state.values())]
+
+
+class Trainer(L.Trainer):
+    """Lightning's Trainer, which stops for a SIGTERM only where the optimizer has stepped: the gradients of a group
+    half accumulated are in no checkpoint (a resume would step on the rest of the group alone)."""
+
+    @property
+    def received_sigterm(self) -> bool:
+        return super().received_sigterm and not (self.training and accumulating(self))
 
 
 class ResumeState(Callback):

@@ -168,6 +168,52 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_the_run_resumes_exactly(tm
     assert len(accuracy[0]) == 8 and accuracy[1] == accuracy[0]
 
 
+SIGTERM_AFTER = """import os, signal
+import lightning as L
+
+
+class SigtermAfter(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 1 and batch_idx == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+@pytest.mark.slow
+def test_a_sigterm_within_a_group_of_accumulated_gradients_stops_once_the_group_has_stepped(tmp_path):
+    """Stopped half-way through a group, the resume stepped on the group's second batch alone: the first's
+    gradients are in no checkpoint. The run finishes the group first, and resumes exactly."""
+    (tmp_path / "sigterm_after.py").write_text(SIGTERM_AFTER)
+    short = [
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.limit_train_batches",
+        "4",
+        "--trainer.accumulate_grad_batches",
+        "2",
+    ]
+    straight = subprocess.run(fit_command(tmp_path / "straight", *short), capture_output=True, text=True, cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    runs, stop = (
+        tmp_path / "stopped",
+        ["--trainer.callbacks+=sigterm_after.SigtermAfter", "--trainer.callbacks.step", "0"],
+    )
+    stopped = subprocess.run(fit_command(runs, *short, *stop), capture_output=True, text=True, cwd=tmp_path)
+    assert stopped.returncode == 143 and "Stopped by SIGTERM after global step 3" in stopped.stderr, stopped.stderr[
+        -3000:
+    ]
+    preempted = runs / "digits" / "version_0" / "checkpoints" / "preempted.ckpt"
+    resumed = subprocess.run(fit_command(runs, *short, "--ckpt_path", str(preempted)), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(
+        weights(tmp_path / "straight" / "digits" / "version_0" / "checkpoints" / "last.ckpt"),
+        weights(runs / "digits" / "version_0" / "checkpoints" / "last.ckpt"),
+    )
+
+
 @pytest.mark.slow
 def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_cli):
     short = ["--trainer.limit_train_batches", "6", "--trainer.log_every_n_steps", "1"]
