@@ -14,12 +14,14 @@ The space's keys are fit options::
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import math
 import random
 import re
 import sqlite3
 import sys
+import tempfile
 import time
 import urllib.parse
 import warnings
@@ -153,18 +155,34 @@ def checked_run(trial, run_dir: Path, sign: float, source: str) -> None:
         raise ValueError(f"refusing {source}: {run_dir} has no config.yaml and best checkpoint of {trial.value!r}")
 
 
+@functools.cache
+def optuna_schema() -> frozenset[tuple]:
+    """The schema entries of a new study database as the installed Optuna makes it (its alembic head): the only
+    ones a study file may hold. Made, not listed, so that it follows Optuna's upgrades."""
+    with tempfile.TemporaryDirectory() as folder:
+        reference = Path(folder) / "reference.db"
+        optuna.storages.RDBStorage(f"sqlite:///{reference}").engine.dispose()
+        with contextlib.closing(sqlite3.connect(reference)) as database:
+            return frozenset(schema_of(database))
+
+
+def schema_of(database: sqlite3.Connection) -> list[tuple]:
+    # Whitespace aside: SQLAlchemy versions lay out the same DDL differently.
+    rows = database.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")
+    return [(kind, name, table, sql and " ".join(sql.split())) for kind, name, table, sql in rows]
+
+
 def check_database(path: Path, storage_url: str) -> None:
-    """Refuse a SQLite study file holding SQL of its author's (a view or trigger runs inside Optuna's queries, a
-    virtual table a module's code; Optuna makes tables and indices only) or JSON nested past Optuna's reader."""
+    """Refuse a SQLite study file whose schema is not one Optuna makes (SQL of its author's, in a view, a trigger,
+    an index's expression or a CHECK, runs inside Optuna's queries) or whose JSON nests past Optuna's reader."""
     if not path.is_file():
         return
-    query = (
-        "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger') OR rootpage = 0 OR sql LIKE '%VIRTUAL%'"
-    )
+    known = optuna_schema()
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
-            found = database.execute(query).fetchall()
-            tables = [] if found else [name for (name,) in database.execute("SELECT name FROM sqlite_master")]
+            entries = schema_of(database)
+            unknown = [entry for entry in entries if entry not in known]
+            tables = [] if unknown else [name for kind, name, _, _ in entries if kind == "table"]
             deep = [
                 name
                 for name, column in JSON_COLUMNS.items()
@@ -172,11 +190,12 @@ def check_database(path: Path, storage_url: str) -> None:
             ]
     except sqlite3.DatabaseError as error:
         raise ValueError(f"--storage {storage_url}: not a readable SQLite database ({error})") from None
-    if found:
-        held = ", ".join(f"{kind} {name!r}" for kind, name in found[:3])
+    if unknown:
+        kind, name, _, sql = unknown[0]
         raise ValueError(
-            f"refusing --storage {storage_url}: it holds {held}, which no Optuna study makes (its SQL would run inside "
-            "every query); use a study database Optuna made, or another --storage"
+            f"refusing --storage {storage_url}: it holds {kind} {name!r} ({sql!s:.80}), which no study of Optuna "
+            f"{optuna.__version__} makes (its SQL would run inside Optuna's queries; one another Optuna version "
+            "made is refused too: sweep it with that version); use a study database Optuna made, or another --storage"
         )
     if deep:
         raise ValueError(

@@ -238,6 +238,40 @@ def test_a_study_database_holding_sql_of_its_own_is_refused_before_optuna_querie
         assert f"refusing --storage {url}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "planted, held",
+    [  # an expression index: each trial Optuna inserts makes SQLite compute and store a megabyte
+        ("CREATE INDEX ix_trials_blob ON trials(zeroblob(1000000) || number)", "index 'ix_trials_blob'"),
+        (  # Optuna's own index by name and table, remade partial: only its SQL differs
+            "DROP INDEX ix_trials_study_id; CREATE INDEX ix_trials_study_id ON trials (study_id) WHERE "
+            "length(zeroblob(1000000)) > 0",
+            "index 'ix_trials_study_id'",
+        ),
+        ("CREATE TABLE notes (text TEXT CHECK (length(zeroblob(1000000)) > 0))", "table 'notes'"),
+    ],
+)
+def test_a_study_database_whose_schema_is_not_one_optuna_makes_is_refused_unchanged_naming_the_entry(
+    tmp_path, monkeypatch, capsys, planted, held
+):
+    """Every entry of sqlite_master must be one the installed Optuna makes: no filter on kinds of SQL to outwit."""
+    started_study(tmp_path, monkeypatch)
+    database = tmp_path / "runs" / "optuna.db"
+    with sqlite3.connect(database) as study:
+        study.executescript(planted)
+    planted_bytes = database.read_bytes()
+    url = f"sqlite:///{database}"
+    with pytest.raises(SystemExit):
+        main(["sweep", "--space", "lr.yaml", "--n_trials", "1", "--storage", url, *QUICK])
+    sql = " ".join(planted.split("; ")[-1].split())
+    err = capsys.readouterr().err
+    assert (
+        f"refusing --storage {url}: it holds {held} ({sql[:80]}), which no study of Optuna {optuna.__version__} makes"
+        in err
+    )
+    assert database.read_bytes() == planted_bytes
+    assert not (tmp_path / "runs" / "lr").exists()  # no trial started
+
+
 def test_a_study_s_text_is_shown_and_written_as_text_never_as_escapes_markup_or_formulas(tmp_path, monkeypatch, capsys):
     """Fit options, parameter names and values are any worker's to write into the study's database."""
     study = started_study(tmp_path, monkeypatch)
