@@ -122,13 +122,16 @@ def not_torch_saved(path: Path) -> str | None:
     try:
         with open_regular(path) as file:
             head = file.read(9)
-            names = zipfile.ZipFile(file).namelist() if zipfile.is_zipfile(file) else []
+            entries = zipfile.ZipFile(file).infolist() if zipfile.is_zipfile(file) else []
     except NotARegularFile as error:
         return str(error).removeprefix(f"{path} is ")
     except OSError:  # unreadable: said by the reading itself
         return None
     if head[8:] == b"{":  # an 8-byte header length, then JSON
         return "a safetensors file"
+    names = [entry.filename for entry in entries]
+    if any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):  # a few bytes may inflate to gigabytes
+        return "a zip archive of compressed entries (torch.save stores its entries as they are)"
     if any(name.endswith("/constants.pkl") for name in names):
         return "a TorchScript archive"
     if names and not any(name.rpartition("/")[2] == "data.pkl" for name in names):
@@ -176,6 +179,7 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
         raise DamagedCheckpointError(f"{path} is malformed: a Lightning checkpoint without a state_dict (no weights)")
     if not named_tensors(checkpoint["state_dict"]):
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
+    check_unwrapped(checkpoint["state_dict"], path)
     check_finite(checkpoint["state_dict"], path)
     if tensors:
         verify_digest(checkpoint, str(path))
@@ -184,9 +188,25 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """Keep the keys under ``prefix`` (without it), minus wrapper prefixes (``module.``, ``_orig_mod.``)."""
-    # DataParallel / DistributedDataParallel's leading ``module.``s; torch.compile's, wherever the compiled module sat
-    unwrapped = {re.sub(r"^(module\.)*", "", key).replace("_orig_mod.", ""): value for key, value in state_dict.items()}
-    return {key.removeprefix(prefix): value for key, value in unwrapped.items() if key.startswith(prefix)}
+    named = {unwrapped(key): value for key, value in state_dict.items()}  # one key a name: check_unwrapped
+    return {key.removeprefix(prefix): value for key, value in named.items() if key.startswith(prefix)}
+
+
+def unwrapped(key: str) -> str:
+    """``key`` without DataParallel / DDP's leading ``module.``s and torch.compile's ``_orig_mod.``, wherever it sat."""
+    return re.sub(r"^(module\.)*", "", key).replace("_orig_mod.", "")
+
+
+def check_unwrapped(state_dict: dict, source: str | Path) -> None:
+    """Refuse two keys of one name without wrapper prefixes: one would silently stand in for the other."""
+    seen: dict[str, str] = {}
+    for key in state_dict:
+        if (name := unwrapped(key)) in seen:
+            raise DamagedCheckpointError(
+                f"refusing {source}: its {seen[name]!r} and {key!r} are both {name!r} without wrapper prefixes "
+                "(module., _orig_mod.): which one the network's is, is not known; damaged or made up"
+            )
+        seen[name] = key
 
 
 def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
@@ -244,11 +264,14 @@ def read_weights(path: str | Path, limit: int) -> dict[str, torch.Tensor]:
             f"refusing {path}: its tensors take {declared / 2**20:,.0f} MiB, more than the network could take "
             f"({limit / 2**20:,.0f} MiB): the weights of another, larger network, or a damaged file"
         )
+    if not safe and INTEGRITY_KEY in checkpoint:  # a checkpoint of this project's: its tensors as written
+        verify_digest(checkpoint, str(path))
     if safe:
         try:
             state_dict = safetensors.torch.load_file(path)
         except (OSError, safetensors.SafetensorError) as error:
             raise DamagedCheckpointError(f"{path} is not a readable safetensors file: {error}") from None
+    check_unwrapped(state_dict, path)
     check_finite(state_dict, path)
     return state_dict
 
@@ -484,6 +507,11 @@ def check_resume(value: dict, like: dict, source: str) -> None:
     and CyclicLR's max_lr, above their start; the others' base), schedule counts to the saved steps and epochs."""
     states = {name: like.get(name) for name in ("optimizer_states", "lr_schedulers")}
     cycled = any(name.endswith("/cycle_momentum") and on is True for name, on in _leaves(states))
+    if missing := [key for key in like if key not in value and key not in OWN_CHECKS]:  # Lightning would start over
+        raise DamagedCheckpointError(
+            f"refusing {source}: it holds no {', '.join(missing)}, which a resume restores: cut down, or saved by "
+            f"another program; to start a new run from its weights: --weights_file {source}"
+        )
     check_like(value, like, source, free=PROGRESS | CYCLED if cycled else PROGRESS)
     peak = max((v for k, v in _leaves(states) if RATE.search(k) and type(v) in (int, float)), default=float("inf"))
     for name, moved in _leaves({name: value.get(name) for name in states}):

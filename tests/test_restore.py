@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+import zipfile
 from pathlib import Path
 
 import onnx
@@ -26,6 +27,7 @@ from template.checkpoints import (
     find_checkpoint,
     load_checkpoint,
     read_checkpoint,
+    read_weights,
 )
 from template.cli import cli
 from template.commands import main
@@ -333,11 +335,26 @@ def test_flipped_bytes_in_a_weight_are_refused(trained, tmp_path, capsys, monkey
     assert not torch.equal(torch.load(damaged, weights_only=True)["state_dict"]["net.head.weight"], tensor)
     with pytest.raises(DamagedCheckpointError, match="tensors differ from the digest"):
         load_checkpoint(damaged)
+    with pytest.raises(DamagedCheckpointError, match="tensors differ from the digest"):  # --weights_file too
+        read_weights(damaged, 1 << 30)
     with pytest.raises(DamagedCheckpointError):
         ClassificationModule.load_from_checkpoint(damaged, weights_only=True)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DamagedCheckpointError, match=f"{damaged} is damaged"):
         cli(["validate", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(damaged)])
+
+
+def test_a_checkpoint_whose_entries_are_compressed_is_refused_before_any_is_inflated(trained, tmp_path):
+    """torch.save stores its entries as they are: a deflated data.pkl of a few bytes can inflate to gigabytes."""
+    bomb = tmp_path / "bomb.ckpt"
+    with zipfile.ZipFile(trained) as source, zipfile.ZipFile(bomb, "w") as target:
+        for entry in source.infolist():
+            deflated = entry.filename.endswith("/data.pkl")
+            padding = b"\0" * (1 << 20) if deflated else b""  # after the pickle's end: the unpickler never reads it
+            target.writestr(entry.filename, source.read(entry) + padding, zipfile.ZIP_DEFLATED if deflated else 0)
+    assert bomb.stat().st_size < trained.stat().st_size + 4096
+    with pytest.raises(CheckpointError, match="it is a zip archive of compressed entries"):
+        load_checkpoint(bomb)
 
 
 def test_a_checkpoint_from_another_tool_loads_with_a_note(trained, tmp_path, caplog):
@@ -825,6 +842,21 @@ STATE_ATTACKS = {
         lambda c: c["optimizer_states"][0]["param_groups"][0].update(lr="x"),
     ),
     "no optimizer state": ("fit", "optimizer_states", lambda c: c.update(optimizer_states=[])),
+    # Without them Lightning starts the run over, or loses the epoch's metrics and random states, without a word.
+    "no loop state": ("fit", "it holds no loops,", lambda c: c.pop("loops")),
+    "no callback or random states": (
+        "fit",
+        "no callbacks, rng_states",
+        lambda c: [c.pop("callbacks"), c.pop("rng_states")],
+    ),
+    # Two names of one tensor, once wrapper prefixes are dropped: one silently stood in for the other in an export.
+    "a weight named twice": (
+        "export",
+        "'net._orig_mod.head.weight' are both 'net.head.weight'",
+        lambda c: c["state_dict"].update(
+            {"net._orig_mod.head.weight": torch.zeros_like(c["state_dict"]["net.head.weight"])}
+        ),
+    ),
     # Settings no record holds, which torch restores over the run's: a silently other run, or code's attributes.
     "an optimizer group that maximizes the loss": (
         "fit",
