@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +83,25 @@ def test_an_image_past_pillows_pixel_limit_is_refused_not_decoded(tmp_path, monk
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)  # a limit it passes by less than twice
     with pytest.raises(ValueError, match="over 1,000 pixels"):
         open_image(tmp_path / "bomb.png", "RGB")
+
+
+def test_a_jpeg_of_more_scans_than_an_encoder_writes_is_refused_not_decoded(tmp_path):
+    """libjpeg decodes every scan over the whole image: a 630 KB progressive JPEG of 8,000 x 8,000 pixels, its last
+    scan repeated 4,000 times, took 2 minutes. A real progressive one is decoded, scan-like bytes of its metadata
+    (a comment here, a thumbnail in EXIF) not counted."""
+    from template.data.images import MAX_JPEG_SCANS, open_image
+
+    root, path = folder_with(tmp_path, "scans.jpg")
+    gradient = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))  # (H, W) = (16, 16)
+    Image.fromarray(gradient).save(path, progressive=True, comment=b"\xff\xda" * (MAX_JPEG_SCANS + 1))
+    assert np.abs(np.asarray(open_image(path, "L"), dtype=int) - gradient).max() <= 8
+
+    data = path.read_bytes()
+    last = data[data.rindex(b"\xff\xda") : -2]  # the last scan, up to EOI (0xFFD9)
+    path.write_bytes(data[:-2] + last * MAX_JPEG_SCANS + b"\xff\xd9")
+    scans = data.count(b"\xff\xda") - (MAX_JPEG_SCANS + 1) + MAX_JPEG_SCANS  # the comment's are no scans
+    with pytest.raises(ValueError, match=f"a JPEG of {scans} scans, over the {MAX_JPEG_SCANS} an encoder writes"):
+        open_image(path, "L")
+    data = ImageFolderDataModule(str(root), image_size=16, batch_size=2, num_workers=0, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=f"(?s)1 unreadable file.*{re.escape(str(path))} .*{scans} scans"):
+        data.setup("test")
