@@ -1,6 +1,7 @@
 """Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -20,12 +21,13 @@ MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
 RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
 DRAWN_BY = ("split_seed", "val_fraction", "test_fraction")  # the options that draw val and test from train/
+MAX_DEPTH = 32  # folder levels below a listed folder: image folders nest a few (photos/2024/06/), never dozens
 
 
 def visible(folder: Path, recursive: bool = True) -> list[Path]:
     """Sorted paths in (or below) ``folder``, hidden ones left out; dangling links, and links to folders below
     it (not followed), named in a warning: a moved target would vanish without a word."""
-    found = folder.rglob("*") if recursive else folder.iterdir()
+    found = below(folder) if recursive else folder.iterdir()
     paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
     if recursive:
@@ -38,6 +40,21 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
             describe(outside, f"symlink(s) in {folder} to files outside it, followed: are they yours to use?")
         )
     return paths
+
+
+def below(folder: Path) -> list[Path]:
+    """Every path below ``folder``, as rglob finds them (links to folders listed, not entered), but refusing one
+    nested over MAX_DEPTH deep: rglob recursed a stack frame a level, and 1,000 levels ended in a RecursionError
+    that named no folder. Hidden folders are not entered: ``visible`` leaves out all they hold."""
+    found = []
+    for parent, folders, files in os.walk(folder):
+        if len(Path(parent).relative_to(folder).parts) > MAX_DEPTH:
+            raise ValueError(
+                f"{shown(folder, markup=False)} nests folders over {MAX_DEPTH} deep: point at the images' own folder"
+            )
+        found += [Path(parent, name) for name in folders + files]
+        folders[:] = [name for name in folders if not name.startswith(".")]
+    return found
 
 
 def list_files(folder: Path) -> list[Path]:

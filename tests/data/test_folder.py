@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -327,6 +328,22 @@ def test_missing_test_images_and_predict_images_say_what_to_do(image_folder, tmp
     missing.mkdir()
     with pytest.raises(ValueError, match=f"predict_path: {missing} holds no files"):
         module(image_folder, tmp_path, predict_path=str(missing)).setup("predict")
+
+
+def test_a_predict_folder_nested_past_the_depth_bound_is_refused_naming_it(image_folder, tmp_path):
+    """rglob recursed a stack frame a level: a folder 1,500 deep ended in "maximum recursion depth exceeded", with
+    no folder named. Images as deep as the bound are still found."""
+    from template.data.folder import MAX_DEPTH
+
+    deep = tmp_path / "predict"
+    os.makedirs(deep.joinpath(*["a"] * MAX_DEPTH))
+    Image.new("RGB", (4, 4)).save(deep.joinpath(*["a"] * MAX_DEPTH, "deepest.png"))
+    data = module(image_folder, tmp_path, predict_path=str(deep))
+    data.setup("predict")
+    assert [path.name for path in data.split_files["predict"]] == ["deepest.png"]
+    (deep.joinpath(*["a"] * MAX_DEPTH) / "a").mkdir()
+    with pytest.raises(ValueError, match=f"^{re.escape(str(deep))} nests folders over {MAX_DEPTH} deep"):
+        module(image_folder, tmp_path, predict_path=str(deep)).setup("predict")
 
 
 POLICIES = {  # each augmentation alone, crop and mirror off, so that any change is its own
