@@ -6,6 +6,7 @@ import inspect
 import logging
 import os
 import pkgutil
+import random
 import re
 import sys
 from pathlib import Path
@@ -236,6 +237,13 @@ def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
     at = args.index(subcommand) + 1
     at += 2 if args[at : at + 2] == ["--config", str(DEFAULT_CONFIG)] else 0
     return [*args[:at], "--config", record, *args[at:]]
+
+
+def draw_seed(config: Namespace) -> None:
+    """``seed_everything: true``: a seed drawn at random, as its help says (Lightning's is 0), unless the process that
+    launched this one set it (``PL_GLOBAL_SEED``: DDP's ranks take rank 0's)."""
+    if config.get("seed_everything") is True and "PL_GLOBAL_SEED" not in os.environ:
+        config.seed_everything = random.SystemRandom().randrange(2**32)
 
 
 def settle_trainer(trainer: Namespace) -> None:

@@ -87,6 +87,16 @@ def test_an_evaluation_scores_trained_weights_or_is_refused_before_anything_is_w
     assert "val/acc" in validated.trainer.callback_metrics
 
 
+def test_seed_everything_true_draws_a_seed_and_records_it(tmp_path, monkeypatch):
+    seeds = []
+    for _ in range(2):  # each a new process's: Lightning keeps the seed it set in PL_GLOBAL_SEED
+        monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+        seeds.append(cli(["--seed_everything", "true", *tiny_args(tmp_path)], run=False).config.seed_everything)
+    assert all(type(seed) is int for seed in seeds) and seeds[0] != seeds[1]  # Lightning's own: 0, each time
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # a DDP rank's, from the process that launched it
+    assert cli(["--seed_everything", "true", *tiny_args(tmp_path)], run=False).config.seed_everything == 7
+
+
 def test_a_profiler_plugs_in_from_the_command_line(tmp_path):
     runs = ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.accelerator", "cpu"]
     simple = cli([*runs, "--trainer.profiler", "simple"], run=False).trainer.profiler
