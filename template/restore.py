@@ -18,6 +18,7 @@ import json
 import os
 import pkgutil
 import re
+import stat
 import sys
 import types
 import typing
@@ -603,15 +604,24 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     in_a_run = runs_dir is not None and checkpoint.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file()
     if not in_a_run or run_dir.parent.parent != Path(runs_dir).resolve():
         return None
-    # What a run writes on into must be its own folders and files: a link would lead a write out of it, and a FIFO
-    # or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
+    # What a run writes on into must be its own folders and files: a link would lead a write out of it (a hard link
+    # too: a file with a second name elsewhere, which a write in place, Lightning's hparams.yaml, changes there), and
+    # a FIFO or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
     entries = list(itertools.islice(run_dir.rglob("*"), MAX_RUN_ENTRIES + 1))  # links to folders: not entered
-    odd = [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir())]
+    odd = [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir()) or hard_linked(p)]
     if odd or len(entries) > MAX_RUN_ENTRIES:
-        why = f"links or special files ({', '.join(odd[:3])})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
+        listed = ", ".join(odd[:3])
+        why = f"symbolic or hard links, or special files ({listed})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
         rank_zero_warn(f"{run_dir} holds {why}: resumed into a new run directory")
         return None
     return run_dir
+
+
+def hard_linked(path: Path) -> bool:
+    """Whether file ``path`` has a second name (a hard link) that a write in place would change too; not a folder,
+    whose count holds each subfolder's ``..``."""
+    status = path.lstat()
+    return not stat.S_ISDIR(status.st_mode) and status.st_nlink > 1
 
 
 def resumed_settings(path: Path) -> dict:

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from template.checkpoints import DamagedCheckpointError
 from template.compat import logged_params
-from template.files import read_at_most
+from template.files import read_at_most, write_atomic
 
 TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
@@ -109,7 +109,7 @@ def record_trackers(trackers: list[Logger], configured: list, config: dict, run_
         _ = tracker.experiment  # starts the run (W&B's id is known only then)
         record[class_key(type(tracker))] = {argument: tracker.version}
     if record:
-        (run_dir / TRACKER_RUNS).write_text(json.dumps(record, indent=2) + "\n")
+        write_atomic(run_dir / TRACKER_RUNS, json.dumps(record, indent=2) + "\n")
 
 
 def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:

@@ -579,10 +579,11 @@ def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained,
     assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()
 
 
-@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "too many entries"])
+@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "hard link", "too many entries"])
 def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(trained, tmp_path, plant):
-    """A FIFO by a name the run opens (it would wait forever), a link one folder down, a folder of a million files:
-    not the run's own, so a fit resumes into a new run directory."""
+    """A FIFO by a name the run opens (it would wait forever), a link one folder down, a file with a second name
+    elsewhere (a write in place lands there too), a folder of a million files: not the run's own, so a fit resumes
+    into a new run directory."""
     run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
     assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") == run_dir.resolve()
     if plant == "fifo":
@@ -591,11 +592,46 @@ def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(tr
     elif plant == "link in a subfolder":
         (run_dir / "checkpoints" / "deeper").mkdir()
         (run_dir / "checkpoints" / "deeper" / "note").symlink_to(tmp_path)
+    elif plant == "hard link":
+        (run_dir / "checkpoints" / "deeper").mkdir()
+        os.link(run_dir / "hparams.yaml", run_dir / "checkpoints" / "deeper" / "note")
     else:
         for i in range(restore.MAX_RUN_ENTRIES):
             (run_dir / f"{i}.txt").touch()
     with pytest.warns(UserWarning, match="resumed into a new run directory"):
         assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") is None
+
+
+@pytest.mark.parametrize("linked", ["metrics.csv", "checkpoints/last.ckpt"])
+def test_a_run_file_hard_linked_from_outside_is_left_as_it_was_by_a_resume(trained, tmp_path, monkeypatch, linked):
+    """A stranger's run whose file is a second name of one outside it: a resume into that run would rewrite the
+    outside file in place (metrics.csv, Lightning's hparams.yaml), so it goes into a new run directory."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    victim = tmp_path / "outside" / "victim"
+    victim.parent.mkdir()
+    shutil.copyfile(run_dir / linked, victim)  # the run's own bytes: a run reads it as its file
+    (run_dir / linked).unlink()
+    os.link(victim, run_dir / linked)
+    kept = victim.read_bytes()
+    with pytest.warns(UserWarning, match=f"{linked}.*resumed into a new run directory"):
+        enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert victim.read_bytes() == kept
+    assert (tmp_path / "runs" / "digits" / "version_1" / "metrics.csv").is_file()
+
+
+def test_the_metrics_a_resume_writes_replace_a_hard_linked_file_not_write_through_it(trained, tmp_path, monkeypatch):
+    """Behind the check of the run directory: metrics.csv is written as a new file renamed over the old name, so
+    another name of the old file keeps its bytes."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(restore, "hard_linked", lambda path: False)  # as if the link came after the check
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    victim = tmp_path / "victim.csv"
+    os.link(run_dir / "metrics.csv", victim)
+    kept = victim.read_bytes()
+    enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert victim.read_bytes() == kept and (run_dir / "metrics.csv").read_bytes() != kept
+    assert not (tmp_path / "runs" / "digits" / "version_1").exists()
 
 
 @pytest.mark.parametrize("entry", ["test", "fit"])

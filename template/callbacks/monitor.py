@@ -1,6 +1,7 @@
 """What a run looks like while it trains: speed, curves side by side, errors as pictures, a CSV."""
 
 import csv
+import io
 import re
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
 
 from template.callbacks.run_record import run_directory
+from template.files import write_atomic
 from template.schedule import check_plan
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
@@ -143,10 +145,11 @@ class TrainingMonitor(Callback):
             row = self.rows.pop() | row
         self.rows.append({**row, **metrics, **speed})
         fields = list(dict.fromkeys(key for row in self.rows for key in row))
-        with (Path(run_dir) / self.csv_name).open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomic(Path(run_dir) / self.csv_name, text.getvalue())  # replaced, never written through another name
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_row()

@@ -7,6 +7,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from template.files import replaced_atomically
 from template.text import shown
 
 
@@ -41,7 +42,7 @@ class PredictionWriter(BasePredictionWriter):
         path.parent.mkdir(parents=True, exist_ok=True)
         # The most probable class is class_name itself; the next ones are top2_class, top2_probability...
         others = [f"top{r}_{c}" for r in range(2, top_class.shape[1] + 1) for c in ("class", "probability")]
-        with path.open("w", newline="") as file:
+        with replaced_atomically(path) as temporary, temporary.open("w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(["sample", "class_name", "probability", *others])
             for row, index in enumerate(indices):

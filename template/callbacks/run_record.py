@@ -18,7 +18,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from template.files import replaced_atomically
+from template.files import replaced_atomically, write_atomic
 from template.runs import loggers_of
 from template.tracking import RUN_IDS, TRACKER_RUNS, record_trackers
 
@@ -91,7 +91,7 @@ class RunRecord(SaveConfigCallback):
         while path.exists():  # a resumed run keeps the record of the first
             number += 1
             path = run_dir / f"env-{number}.json"
-        path.write_text(json.dumps(environment_record(trainer), indent=2) + "\n")
+        write_atomic(path, json.dumps(environment_record(trainer), indent=2) + "\n")
         if trackers := trainer.loggers[1:]:  # MLflow, W&B... beside TensorBoard (template.tracking)
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # config.yaml's values
             record_trackers(trackers, loggers_of(self.config)[1:], config, run_dir)

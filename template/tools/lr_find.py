@@ -12,6 +12,7 @@ from lightning.pytorch.tuner import Tuner
 from rich.console import Console
 
 from template.cli import PROGRAM, cli
+from template.files import replaced_atomically
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,9 +38,10 @@ def main(args: list[str]) -> None:
         return
     run_dir = Path(built.trainer.log_dir or ".")
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "lr_find.csv", "w", newline="") as file:
+    with replaced_atomically(run_dir / "lr_find.csv") as temporary, temporary.open("w", newline="") as file:
         csv.writer(file).writerows([("lr", "loss"), *zip(finder.results["lr"], finder.results["loss"])])
-    finder.plot(suggest=True).savefig(run_dir / "lr_find.png", dpi=120)
+    with replaced_atomically(run_dir / "lr_find.png") as temporary:
+        finder.plot(suggest=True).savefig(temporary, dpi=120, format="png")  # the temporary's name says no format
     suggestion = finder.suggestion()
     console = Console(soft_wrap=True)
     console.print(f"loss-vs-LR curve: {run_dir / 'lr_find.png'} (values in lr_find.csv)", highlight=False)
