@@ -509,8 +509,9 @@ def check_resume(value: dict, like: dict, source: str) -> None:
     cycled = any(name.endswith("/cycle_momentum") and on is True for name, on in _leaves(states))
     if missing := [key for key in like if key not in value and key not in OWN_CHECKS]:  # Lightning would start over
         raise DamagedCheckpointError(
-            f"refusing {source}: it holds no {', '.join(missing)}, which a resume restores: cut down, or saved by "
-            f"another program; to start a new run from its weights: --weights_file {source}"
+            f"refusing {source}: it holds no {', '.join(missing)}, which this run saves and a resume restores: cut "
+            f"down, or saved by another program or class (a DataModule renamed since); to start a new run from its "
+            f"weights: --weights_file {source}"
         )
     check_like(value, like, source, free=PROGRESS | CYCLED if cycled else PROGRESS)
     peak = max((v for k, v in _leaves(states) if RATE.search(k) and type(v) in (int, float)), default=float("inf"))

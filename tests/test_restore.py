@@ -240,6 +240,7 @@ def test_no_place_a_run_or_its_checkpoint_names_is_ever_written_or_read(trained,
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     folder = {"_class_path": "template.data.ImageFolderDataModule", "image_size": 8, "channels": "grayscale"}
     checkpoint["datamodule_hyper_parameters"] = folder
+    checkpoint["ImageFolderDataModule"] = checkpoint.pop("DigitsDataModule")  # its state, under its class's name
     for key in keys:
         section, _, rest = key.partition(".")
         if section.startswith("data_"):  # a DataModule's places: in config.yaml's data, and in the checkpoint's
