@@ -115,6 +115,8 @@ class RunRecord(SaveConfigCallback):
             init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
             for name in [name for name in RUN_IDS if init_args and name in init_args]:
                 init_args[name] = None
+        if resumed:  # Lightning's logger writes hparams.yaml only where there is none: this run's, not the first's
+            (self.pending.parent / "hparams.yaml").unlink(missing_ok=True)
         with replaced_atomically(self.pending) as temporary:
             self.parser.save(config, temporary, skip_none=False, overwrite=True, multifile=self.multifile)
             if resumed:
