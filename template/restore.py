@@ -47,7 +47,7 @@ from template.checkpoints import (
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most
 from template.nets.shape import network_arguments, parameters, parameters_of, type_hints
-from template.options import option_values
+from template.options import DEFAULT_CONFIG, given_configs, option_values
 from template.runs import runs_dir
 from template.text import printable
 
@@ -497,8 +497,10 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | set(option_values(args, *DATA_CLASS))
     restored = replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
-    if taken := restored.config.get("trainer"):  # the same run's length and numerics: said, a stranger's run's too
-        settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())
+    given = {token.split("=")[0].split(".")[1] for token in args if token.startswith("--trainer.")}
+    given |= {key for each in given_configs(args, skip=DEFAULT_CONFIG) for key in each.get("trainer") or {}}
+    if taken := {name: value for name, value in restored.config.get("trainer", {}).items() if name not in given}:
+        settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())  # the run's, a stranger's too
         message = f"resuming with its config.yaml's trainer settings where no option is given: {settings}"
         rank_zero_only(print)(printable(message))
     return restored

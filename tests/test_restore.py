@@ -1216,9 +1216,15 @@ def test_a_resume_says_which_trainer_settings_it_takes_from_its_runs_config_yaml
     run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     config["trainer"]["max_epochs"] = 2**32 - 1  # a stranger's run: "the same run" would train for ever, unsaid
+    config["trainer"]["min_steps"] = 3
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    ckpt_path = ["--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]
+    main(["fit", *tiny_args(tmp_path / "runs"), *ckpt_path, "--trainer.max_steps", "1"])  # steps it has: at an end
+    said = capsys.readouterr().out
+    assert f"where no option is given: max_epochs={2**32 - 1}, " in said and "min_steps=3" in said
     enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)  # its options give max_epochs 2: they override it
-    assert f"where no option is given: max_epochs={2**32 - 1}" in capsys.readouterr().out
+    said = next(line for line in capsys.readouterr().out.splitlines() if "where no option is given" in line)
+    assert "min_steps=3" in said and "max_epochs" not in said and "limit_train_batches" not in said
 
 
 def test_a_datamodules_classes_are_held_to_the_bounds_of_class_names(trained, tmp_path):
