@@ -481,9 +481,14 @@ def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = F
             check_like(value[name], like[name], source, inner, held and name not in free, free)
     elif isinstance(like, list | tuple) and isinstance(value, list | tuple):
         if len(value) < len(like) and not all(isinstance(item, torch.Tensor) for item in like):
+            why = "saved by another program or damaged; use another checkpoint"
+            if key.endswith(".params"):  # an optimizer group's parameters: which ones, the run's options decide
+                why = "its run grouped or froze parameters otherwise (FreezeBackbone: configs/finetune.yaml); resume "
+                why += (
+                    "with the options it was trained with (--config its run's config.yaml), or use another checkpoint"
+                )
             raise DamagedCheckpointError(
-                f"refusing {source}: its {key} holds {len(value)} items, where this run keeps {len(like)}: saved "
-                "by another program or damaged; use another checkpoint"
+                f"refusing {source}: its {key} holds {len(value)} items, where this run keeps {len(like)}: {why}"
             )
         for index, (item, model) in enumerate(zip(value, like)):
             check_like(item, model, source, f"{key}[{index}]", held, free)

@@ -17,7 +17,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from template.callbacks.resume import REPEAT_AFTER_S
-from template.checkpoints import load_checkpoint
+from template.checkpoints import CheckpointError, load_checkpoint
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -257,6 +257,14 @@ def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_ever
     names = [group["name"] for group in resumed.trainer.optimizers[0].param_groups]
     assert names == ["decay", "no_decay", "backbone_decay", "backbone_no_decay"]
     assert len(resumed.trainer.lr_scheduler_configs[0].scheduler.base_lrs) == 4
+
+
+def test_a_fine_tune_resumed_without_its_frozen_backbone_is_told_to_resume_with_its_options(run_cli):
+    short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", "--trainer.max_epochs", "1", *short, "--trainer.callbacks+=template.callbacks.FreezeBackbone")
+    grouped = r"params holds \d+ items, where this run keeps \d+: its run grouped or froze parameters otherwise"
+    with pytest.raises(CheckpointError, match=f"{grouped} .* resume with the options it was trained with"):
+        run_cli("fit", "--trainer.max_epochs", "2", *short, "--ckpt_path", "last")  # configs/finetune.yaml left out
 
 
 class Hang(L.Callback):
