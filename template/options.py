@@ -49,6 +49,11 @@ def condense(message: str) -> str:
         return message
     deepest = max(reasons, key=lambda line: len(line) - len(line.lstrip()))
     reason = re.sub(r"^(- )?Type .*? expects .*?: ", "", deepest.strip()).removeprefix("- ")
+    if reason.endswith(":"):  # a heading: the list under it is the reason (the forms a class's section may take)
+        after = reasons[reasons.index(deepest) + 1 :]
+        reason += " " + "; ".join(line.strip().removeprefix("- ") for line in after if line.lstrip().startswith("- "))
+    if "Option 'class_path' is not accepted" in reason and "under init_args" not in reason:  # class_path beside its arguments: read as arguments
+        reason += ". A class's arguments go under init_args: {class_path: NAME, init_args: {ARGUMENT: VALUE}}"
     return f"{'.'.join(keys)}: {reason}"
 
 

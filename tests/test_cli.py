@@ -111,6 +111,9 @@ def test_a_profiler_plugs_in_from_the_command_line(tmp_path):
         ("trainer:\n  max_epoch: 3\n", "max_epoch"),
         ("model:\n  net:\n    class_path: template.nets.ResNet99\n", "ResNet99"),
         ("model:\n  lr_scheduler:\n    class_path: torch.optim.lr_scheduler.StepLR\n", "required: step_size"),
+        # A section of arguments beside init_args too, and a class's arguments beside its class_path: the forms said.
+        ("data:\n  init_args:\n    val_fraction: 0.3\n  val_fraction: 0.2\n", "one of: a class path (str); a dict"),
+        ("model:\n  optimizer:\n    class_path: torch.optim.SGD\n    lr: 0.1\n", "arguments go under init_args"),
     ],
 )
 def test_config_errors_fail_before_training_and_name_the_key(tmp_path, capsys, yaml_text, named):
