@@ -130,10 +130,10 @@ def not_torch_saved(path: Path) -> str | None:
     if head[8:] == b"{":  # an 8-byte header length, then JSON
         return "a safetensors file"
     names = [entry.filename for entry in entries]
-    if any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):  # a few bytes may inflate to gigabytes
-        return "a zip archive of compressed entries (torch.save stores its entries as they are)"
     if any(name.endswith("/constants.pkl") for name in names):
         return "a TorchScript archive"
+    if any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):  # a few bytes may inflate to gigabytes
+        return "a zip archive of compressed entries (torch.save stores its entries as they are)"
     if names and not any(name.rpartition("/")[2] == "data.pkl" for name in names):
         return "a zip archive"
     return None if head.startswith((b"PK", b"\x80")) else "no file torch.save wrote"
