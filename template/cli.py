@@ -102,8 +102,10 @@ class ClassificationCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config)
-        if self.subcommand != "fit":  # evaluating restores the ModelCheckpoint state: a new directory is expected
-            warnings.filterwarnings("ignore", message="The dirpath has changed from")
+        if self.subcommand != "fit":  # evaluating: the training callbacks' states are not needed, nor their places
+            warnings.filterwarnings(
+                "ignore", message="The dirpath has changed from|Be aware that when using `ckpt_path`"
+            )
         options.settle_trainer(config.trainer)
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         if self.restored and self.subcommand == "fit":

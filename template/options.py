@@ -52,7 +52,9 @@ def condense(message: str) -> str:
     if reason.endswith(":"):  # a heading: the list under it is the reason (the forms a class's section may take)
         after = reasons[reasons.index(deepest) + 1 :]
         reason += " " + "; ".join(line.strip().removeprefix("- ") for line in after if line.lstrip().startswith("- "))
-    if "Option 'class_path' is not accepted" in reason and "under init_args" not in reason:  # class_path beside its arguments: read as arguments
+    if (
+        "Option 'class_path' is not accepted" in reason and "under init_args" not in reason
+    ):  # class_path beside its arguments: read as arguments
         reason += ". A class's arguments go under init_args: {class_path: NAME, init_args: {ARGUMENT: VALUE}}"
     return f"{'.'.join(keys)}: {reason}"
 

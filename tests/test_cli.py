@@ -97,6 +97,14 @@ def test_seed_everything_true_draws_a_seed_and_records_it(tmp_path, monkeypatch)
     assert cli(["--seed_everything", "true", *tiny_args(tmp_path)], run=False).config.seed_everything == 7
 
 
+def test_evaluating_a_run_of_another_monitor_warns_of_no_missing_callback(run_cli, recwarn):
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", *quick, "--checkpoint.monitor", "val/loss")  # its ModelCheckpoint's state key names val/loss
+    recwarn.clear()
+    run_cli("validate", "--ckpt_path", "best", "--trainer.limit_val_batches", "1")  # with the recipe's (val/acc)
+    assert not [w for w in recwarn if "Please add the following callbacks" in str(w.message)]
+
+
 def test_a_profiler_plugs_in_from_the_command_line(tmp_path):
     runs = ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.accelerator", "cpu"]
     simple = cli([*runs, "--trainer.profiler", "simple"], run=False).trainer.profiler
