@@ -387,3 +387,5 @@ def test_names_from_a_file_reach_a_csv_as_text_no_spreadsheet_runs_and_no_termin
     assert spreadsheet_safe("\x1b[2J\x1b[31mowl") == "\\x1b[2J\\x1b[31mowl"
     assert spreadsheet_safe('=HYPERLINK("x")') == '\'=HYPERLINK("x")' and spreadsheet_safe("\t=1") == "\\t=1"
     assert spreadsheet_safe("chat tigré; 2") == "chat tigré; 2"  # an ordinary name stays as it is
+    alike = ["=1+1.png", "'=1+1.png", "a\nb.png", "a\\nb.png", "'x", "x"]  # each written otherwise: one id a file
+    assert len({spreadsheet_safe(name) for name in alike}) == len(alike)

@@ -8,14 +8,14 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from template.files import replaced_atomically
-from template.text import shown
 
 
 def spreadsheet_safe(cell: object) -> str:
     """``cell`` as text no spreadsheet runs (a leading apostrophe before a formula: CSV injection) and no terminal
-    obeys (escape sequences written out: ``cat`` of the file shows them, not their effect): names from a file."""
-    cell = shown(cell, markup=False)
-    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@") else cell
+    obeys (escape sequences written out: ``cat`` of the file shows them, not their effect): names from a file. Written
+    as Python writes a string's characters, a backslash and a leading apostrophe too: no two names read alike."""
+    cell = "".join(char if char.isprintable() and char != "\\" else repr(char)[1:-1] for char in str(cell))
+    return f"'{cell}" if cell[:1] in ("=", "+", "-", "@", "'") else cell
 
 
 class PredictionWriter(BasePredictionWriter):
