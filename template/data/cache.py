@@ -37,13 +37,14 @@ class CacheTooLarge(CacheUnavailable):
 
 
 def fingerprint(files: list[Path], settings: dict) -> str:
-    """A digest of every file's path, size and mtime plus the decode settings."""
+    """A digest of every file's path, inode, size, mtime and ctime plus the decode settings: new pixels of the same
+    size under an old mtime (``cp -p``, tar, a fixed-size format) still change the ctime, which no one sets."""
     # Whose: a cache folder several users share holds one cache of each, rather than each rebuilding the other's.
     owner = hashlib.sha256(cache_key() or b"").hexdigest()[:16]
     digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "owner": owner, **settings}, sort_keys=True).encode())
     for path in files:
         stat = path.stat()
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        digest.update(f"{path}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\n".encode())
     return digest.hexdigest()[:24]
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from template.data import ImageFolderDataModule
 
@@ -176,3 +177,17 @@ def test_without_a_folder_for_the_cache_key_images_stream_and_the_warning_names_
     assert type(data.datasets["train"]).__name__ == "FileDataset"  # streamed: decoded every epoch
     assert not list((tmp_path / "cache").glob("*.npy")) and not list((tmp_path / "cache").glob("*.check.json"))
     cache_key.cache_clear()
+
+
+def test_new_pixels_of_the_same_size_under_the_old_mtime_are_read_anew(image_folder, tmp_path):
+    """Size and mtime alone matched a file rewritten with both kept (cp -p, tar, a fixed-size format such as BMP)."""
+    bmp = image_folder / "train" / "cat" / "same.bmp"
+    Image.new("RGB", (20, 24), (0, 0, 0)).save(bmp)
+    before = build(image_folder, tmp_path)
+    kept = bmp.stat()
+    Image.new("RGB", (20, 24), (255, 255, 255)).save(bmp)
+    os.utime(bmp, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    assert bmp.stat().st_size == kept.st_size and bmp.stat().st_mtime_ns == kept.st_mtime_ns
+    after = build(image_folder, tmp_path)
+    images = [torch.cat([data.datasets[split].images for split in ("train", "val")]) for data in (before, after)]
+    assert not torch.equal(*images)  # the white image, not the cached black one
