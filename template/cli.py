@@ -91,7 +91,7 @@ class ClassificationCLI(LightningCLI):
             )
             self.config[subcommand].weights_file = None  # nor recorded in config.yaml
         options.switched_to_own_defaults(self.config[subcommand] if subcommand else self.config, args, DEFAULT_CONFIG)
-        options.draw_seed(self.config[subcommand] if subcommand else self.config)
+        options.draw_seed(self.config[subcommand] if subcommand else self.config, self.restored)
         if subcommand and self.config[subcommand].get("weights_only") is None:
             # Checkpoints hold tensors and primitives only: never unpickle anything else.
             self.config[subcommand]["weights_only"] = True

@@ -10,6 +10,7 @@ import random
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -246,10 +247,20 @@ def with_record(args: list[str], subcommand: str, record: str) -> list[str]:
     return [*args[:at], "--config", record, *args[at:]]
 
 
-def draw_seed(config: Namespace) -> None:
-    """``seed_everything: true``: a seed drawn at random, as its help says (Lightning's is 0), unless the process that
-    launched this one set it (``PL_GLOBAL_SEED``: DDP's ranks take rank 0's)."""
-    if config.get("seed_everything") is True and "PL_GLOBAL_SEED" not in os.environ:
+def draw_seed(config: Namespace, restored: Any = None) -> None:
+    """``seed_everything: true``: a seed drawn at random, as its help says (Lightning's is 0); a resumed fit's, the seed
+    its run drew (its order of images goes on); where a launcher set one (``PL_GLOBAL_SEED``), that one."""
+    if config.get("seed_everything") is not True or "PL_GLOBAL_SEED" in os.environ:
+        return
+    recorded = restored.config.get("seed_everything") if restored is not None and restored.command == "fit" else None
+    if type(recorded) is int:
+        config.seed_everything = recorded
+    elif int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1) > 1:  # torchrun's, srun's ranks
+        raise ValueError(
+            "seed_everything: true, in one of several processes started apart (torchrun, srun): each would draw its "
+            "own seed and train on another order of the images; give a number (--seed_everything 1234)"
+        )
+    else:
         config.seed_everything = random.SystemRandom().randrange(2**32)
 
 

@@ -95,6 +95,19 @@ def test_seed_everything_true_draws_a_seed_and_records_it(tmp_path, monkeypatch)
     assert all(type(seed) is int for seed in seeds) and seeds[0] != seeds[1]  # Lightning's own: 0, each time
     monkeypatch.setenv("PL_GLOBAL_SEED", "7")  # a DDP rank's, from the process that launched it
     assert cli(["--seed_everything", "true", *tiny_args(tmp_path)], run=False).config.seed_everything == 7
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank torchrun started: the others would draw seeds of their own
+    with pytest.raises(ValueError, match="seed_everything: true, in one of several processes started apart"):
+        cli(["--seed_everything", "true", *tiny_args(tmp_path)], run=False)
+
+
+def test_a_run_of_a_drawn_seed_resumes_with_that_seed_given_true_again(run_cli, monkeypatch):
+    quick = ["--seed_everything", "true", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    drawn = run_cli("fit", "--trainer.max_epochs", "1", *quick).config.fit.seed_everything
+    monkeypatch.delenv("PL_GLOBAL_SEED")  # a new process: the same options, as a pre-emption message says
+    resumed = run_cli("fit", "--trainer.max_epochs", "2", *quick, "--ckpt_path", "last")
+    assert resumed.config.fit.seed_everything == drawn  # the order of its images goes on
 
 
 def test_evaluating_a_run_of_another_monitor_warns_of_no_missing_callback(run_cli, recwarn):
