@@ -13,6 +13,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torchmetrics import Metric
 
@@ -32,12 +33,12 @@ def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
 
 
 class Trainer(L.Trainer):
-    """Lightning's Trainer, which stops for a SIGTERM only where the optimizer has stepped: the gradients of a group
-    half accumulated are in no checkpoint (a resume would step on the rest of the group alone)."""
+    """Lightning's Trainer, which stops for a SIGTERM only where the optimizer has stepped (in a validation within the
+    epoch too): the gradients of a group half accumulated are in no checkpoint (a resume would step on the rest alone)."""
 
     @property
     def received_sigterm(self) -> bool:
-        return super().received_sigterm and not (self.training and accumulating(self))
+        return super().received_sigterm and not (self.state.fn == TrainerFn.FITTING and accumulating(self))
 
 
 class ResumeState(Callback):

@@ -183,28 +183,26 @@ class SigtermAfter(L.Callback):
 
 
 @pytest.mark.slow
-def test_a_sigterm_within_a_group_of_accumulated_gradients_stops_once_the_group_has_stepped(tmp_path):
+@pytest.mark.parametrize(
+    "after, validating, step",
+    [("0", [], 3), ("2", ["--trainer.val_check_interval", "3"], 4)],  # the second: a validation within the group
+    ids=["training", "a validation within the epoch"],
+)
+def test_a_sigterm_within_a_group_of_accumulated_gradients_stops_once_the_group_has_stepped(
+    tmp_path, after, validating, step
+):
     """Stopped half-way through a group, the resume stepped on the group's second batch alone: the first's
     gradients are in no checkpoint. The run finishes the group first, and resumes exactly."""
     (tmp_path / "sigterm_after.py").write_text(SIGTERM_AFTER)
-    short = [
-        "--trainer.max_epochs",
-        "2",
-        "--trainer.limit_train_batches",
-        "4",
-        "--trainer.accumulate_grad_batches",
-        "2",
-    ]
+    short = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", *validating]
+    short += ["--trainer.accumulate_grad_batches", "2", "--trainer.limit_val_batches", "3"]
     straight = subprocess.run(fit_command(tmp_path / "straight", *short), capture_output=True, text=True, cwd=tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    runs, stop = (
-        tmp_path / "stopped",
-        ["--trainer.callbacks+=sigterm_after.SigtermAfter", "--trainer.callbacks.step", "0"],
-    )
+    runs = tmp_path / "stopped"
+    stop = ["--trainer.callbacks+=sigterm_after.SigtermAfter", "--trainer.callbacks.step", after]
     stopped = subprocess.run(fit_command(runs, *short, *stop), capture_output=True, text=True, cwd=tmp_path)
-    assert stopped.returncode == 143 and "Stopped by SIGTERM after global step 3" in stopped.stderr, stopped.stderr[
-        -3000:
-    ]
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert f"Stopped by SIGTERM after global step {step}" in stopped.stderr, stopped.stderr[-3000:]
     preempted = runs / "digits" / "version_0" / "checkpoints" / "preempted.ckpt"
     resumed = subprocess.run(fit_command(runs, *short, "--ckpt_path", str(preempted)), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
