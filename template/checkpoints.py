@@ -507,15 +507,16 @@ def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = F
         )
 
 
-def check_resume(value: dict, like: dict, source: str) -> None:
+def check_resume(value: dict, like: dict, source: str, optional: set[str] = frozenset()) -> None:
     """``check_like``; then a saved learning rate from 0 to the highest any of this run's schedules sets (OneCycleLR's
     and CyclicLR's max_lr, above their start; the others' base), schedule counts to the saved steps and epochs."""
     states = {name: like.get(name) for name in ("optimizer_states", "lr_schedulers")}
     cycled = any(name.endswith("/cycle_momentum") and on is True for name, on in _leaves(states))
-    if missing := [key for key in like if key not in value and key not in OWN_CHECKS]:  # Lightning would start over
+    if missing := [key for key in like if key not in value and key not in OWN_CHECKS | optional]:  # would start over
+        why = "saved with weights only (save_weights_only)" if "optimizer_states" in missing else "cut down"
         raise DamagedCheckpointError(
-            f"refusing {source}: it holds no {', '.join(missing)}, which this run saves and a resume restores: cut "
-            f"down, or saved by another program or class (a DataModule renamed since); to start a new run from its "
+            f"refusing {source}: it holds no {', '.join(missing)}, which this run saves and a resume restores: {why}, "
+            f"or saved by another program or class (a DataModule renamed since); to start a new run from its "
             f"weights: --weights_file {source}"
         )
     check_like(value, like, source, free=PROGRESS | CYCLED if cycled else PROGRESS)

@@ -67,7 +67,9 @@ class _NamingRestore(_CheckpointConnector):
     def restore_training_state(self) -> None:
         with restoring(self._ckpt_path):
             if self._loaded_checkpoint and not self.rolling_back:
-                check_resume(self._loaded_checkpoint, self.dump_checkpoint(weights_only=False), str(self._ckpt_path))
+                like = self.dump_checkpoint(weights_only=False)
+                anew = {type(self.trainer.precision_plugin).__qualname__}  # another precision's state (a scaler's)
+                check_resume(self._loaded_checkpoint, like, str(self._ckpt_path), anew)
             super().restore_training_state()
 
 

@@ -265,6 +265,17 @@ def test_a_fine_tune_resumed_without_its_frozen_backbone_is_told_to_resume_with_
         run_cli("fit", "--trainer.max_epochs", "2", *short, "--ckpt_path", "last")  # configs/finetune.yaml left out
 
 
+def test_a_resume_in_a_precision_of_state_starts_its_state_anew_and_weights_only_is_named(run_cli, monkeypatch):
+    short = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", "--trainer.max_epochs", "1", *short, "--last_checkpoint.save_weights_only", "true")
+    with pytest.raises(CheckpointError, match=r"it holds no .*optimizer_states.*: saved with weights only"):
+        run_cli("fit", "--trainer.max_epochs", "2", *short, "--ckpt_path", "last")
+    run_cli("fit", "--trainer.max_epochs", "1", *short)
+    # A precision with a state of its own (16-mixed's gradient scaler, on a GPU): the checkpoint has none, no damage.
+    monkeypatch.setattr("lightning.pytorch.plugins.precision.Precision.state_dict", lambda self: {"scale": 1.0})
+    assert run_cli("fit", "--trainer.max_epochs", "2", *short, "--ckpt_path", "last").trainer.current_epoch == 2
+
+
 class Hang(L.Callback):
     """Blocks the last rank forever, as a deadlock would: inside the third training step
     (``in_step``) or at the first epoch's end. It writes its process id to ``blocked`` first."""
