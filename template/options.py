@@ -3,6 +3,7 @@ which checkpoint it names, which options it gives, and its mistakes told in a li
 
 import difflib
 import inspect
+import itertools
 import logging
 import os
 import pkgutil
@@ -51,8 +52,9 @@ def condense(message: str) -> str:
     deepest = max(reasons, key=lambda line: len(line) - len(line.lstrip()))
     reason = re.sub(r"^(- )?Type .*? expects .*?: ", "", deepest.strip()).removeprefix("- ")
     if reason.endswith(":"):  # a heading: the list under it is the reason (the forms a class's section may take)
-        after = reasons[reasons.index(deepest) + 1 :]
-        reason += " " + "; ".join(line.strip().removeprefix("- ") for line in after if line.lstrip().startswith("- "))
+        indent = deepest[: len(deepest) - len(deepest.lstrip())]
+        listed = itertools.takewhile(lambda line: line.startswith(f"{indent}- "), reasons[reasons.index(deepest) + 1 :])
+        reason += " " + "; ".join(line.strip().removeprefix("- ") for line in listed)
     if (
         "Option 'class_path' is not accepted" in reason and "under init_args" not in reason
     ):  # class_path beside its arguments: read as arguments

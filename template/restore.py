@@ -498,7 +498,8 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     own = class_paths(config.as_dict()) | set(option_values(args, *DATA_CLASS))
     restored = replace(restore(ckpt_path, model_class, runs_dir(config), subcommand == "fit", own), command=subcommand)
     given = {token.split("=")[0].split(".")[1] for token in args if token.startswith("--trainer.")}
-    given |= {key for each in given_configs(args, skip=DEFAULT_CONFIG) for key in each.get("trainer") or {}}
+    configs = given_configs(args, skip=DEFAULT_CONFIG)
+    given |= {key for each in configs if isinstance(each.get("trainer"), dict) for key in each["trainer"]}
     if taken := {name: value for name, value in restored.config.get("trainer", {}).items() if name not in given}:
         settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())  # the run's, a stranger's too
         message = f"resuming with its config.yaml's trainer settings where no option is given: {settings}"

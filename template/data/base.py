@@ -377,8 +377,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the preprocessing, and where the training order stands (mid-epoch resume)."""
         state = {"preprocessing": self.preprocessing()} if len(self.mean) else {}
-        if (sampler := self.train_sampler) is not None:  # at an epoch's end, the next's start: Lightning's loader
-            ended = self.trainer is not None and at_last_batch(self.trainer, validating=False)  # draws before set_epoch
+        if (sampler := self.train_sampler) is not None:
+            # At an epoch's end, the next's start: a resumed run's loader draws its order before Lightning sets it.
+            ended = sampler.consumed > 0 and self.trainer is not None and at_last_batch(self.trainer, validating=False)
             state["train_sampler"] = {
                 "epoch": sampler.epoch + ended,
                 "samples_consumed": 0 if ended else sampler.consumed,

@@ -1,6 +1,7 @@
 import re
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 
@@ -119,3 +120,24 @@ def test_images_other_than_uint8_n_c_h_w_from_load_split_are_refused_naming_it(c
     with pytest.raises(ValueError, match=rf"Floats.load_split\('train'\) gave images of {re.escape(given)}") as error:
         Floats().setup("fit")
     assert "uint8 images (N, C, H, W)" in str(error.value) and ".round().to(torch.uint8)" in str(error.value)
+
+
+def test_the_training_order_a_checkpoint_records_is_the_epoch_to_run_next_only_at_an_epochs_end():
+    from template.data import DigitsDataModule
+    from template.module import ClassificationModule
+    from template.nets import ResNetSmall
+
+    recorded = {}
+
+    class Record(L.Callback):  # a checkpoint saved at an epoch's start, as a callback of yours may
+        def on_train_epoch_start(self, trainer, pl_module):
+            recorded[trainer.current_epoch] = trainer.datamodule.state_dict()["train_sampler"]
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            recorded["end"] = trainer.datamodule.state_dict()["train_sampler"]
+
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "accelerator": "cpu"}
+    trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, callbacks=[Record()], **quiet)
+    trainer.fit(ClassificationModule(ResNetSmall(10, 1)), DigitsDataModule())
+    assert recorded[1] == {"epoch": 1, "samples_consumed": 0}  # epoch 1, about to run: not epoch 2
+    assert recorded["end"] == {"epoch": 2, "samples_consumed": 0}  # epoch 1 run: a resume starts epoch 2
