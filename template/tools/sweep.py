@@ -194,8 +194,8 @@ def check_database(path: Path, storage_url: str) -> None:
         kind, name, _, sql = unknown[0]
         raise ValueError(
             f"refusing --storage {storage_url}: it holds {kind} {name!r} ({sql!s:.80}), which no study of Optuna "
-            f"{optuna.__version__} makes (its SQL would run inside Optuna's queries; one another Optuna version "
-            "made is refused too: sweep it with that version); use a study database Optuna made, or another --storage"
+            f"{optuna.__version__} makes (its SQL would run inside Optuna's queries; one another Optuna version made, "
+            "or upgraded, may differ too); use a study database this Optuna made, or another --storage"
         )
     if deep:
         raise ValueError(
