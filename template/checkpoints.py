@@ -483,10 +483,8 @@ def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = F
         if len(value) < len(like) and not all(isinstance(item, torch.Tensor) for item in like):
             why = "saved by another program or damaged; use another checkpoint"
             if key.endswith(".params"):  # an optimizer group's parameters: which ones, the run's options decide
-                why = "its run grouped or froze parameters otherwise (FreezeBackbone: configs/finetune.yaml); resume "
-                why += (
-                    "with the options it was trained with (--config its run's config.yaml), or use another checkpoint"
-                )
+                why = "its run grouped or froze parameters otherwise (FreezeBackbone: configs/finetune.yaml); resume with "
+                why += "the options it was trained with (--config its run's config.yaml, beside --ckpt_path)"
             raise DamagedCheckpointError(
                 f"refusing {source}: its {key} holds {len(value)} items, where this run keeps {len(like)}: {why}"
             )

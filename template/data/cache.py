@@ -91,7 +91,7 @@ def decode(path: Path, size: tuple[int, int], mode: str, interpolation: str = "b
     """One image as uint8 (C, H, W): resized (bilinear or bicubic) to cover ``size`` (H, W), centre-cropped."""
     resample = Image.Resampling[interpolation.upper()]
     image = ImageOps.fit(open_image(path, mode, draft=max(size)), (size[1], size[0]), resample)
-    array = np.asarray(image, dtype=np.uint8)
+    array = np.array(image, dtype=np.uint8)  # writable: torch.from_numpy warns of Pillow's read-only buffer
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 

@@ -191,3 +191,10 @@ def test_new_pixels_of_the_same_size_under_the_old_mtime_are_read_anew(image_fol
     after = build(image_folder, tmp_path)
     images = [torch.cat([data.datasets[split].images for split in ("train", "val")]) for data in (before, after)]
     assert not torch.equal(*images)  # the white image, not the cached black one
+
+
+def test_a_decoded_image_is_writable_so_streaming_it_to_torch_warns_of_nothing(image_folder):
+    from template.data.cache import decode
+
+    # torch.from_numpy of a read-only array ("The given NumPy array is not writable") warned in every worker.
+    assert decode(next((image_folder / "train" / "cat").glob("*.png")), (8, 8), "RGB").flags.writeable
