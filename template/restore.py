@@ -611,7 +611,7 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     # too: a file with a second name elsewhere, which a write in place, Lightning's hparams.yaml, changes there), and
     # a FIFO or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
     entries = list(itertools.islice(run_dir.rglob("*"), MAX_RUN_ENTRIES + 1))  # links to folders: not entered
-    odd = [str(p) for p in entries if p.is_symlink() or not (p.is_file() or p.is_dir()) or hard_linked(p)]
+    odd = [str(p) for p in entries if not own_entry(p)]
     if odd or len(entries) > MAX_RUN_ENTRIES:
         listed = ", ".join(odd[:3])
         why = f"symbolic or hard links, or special files ({listed})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
@@ -620,11 +620,14 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     return run_dir
 
 
-def hard_linked(path: Path) -> bool:
-    """Whether file ``path`` has a second name (a hard link) that a write in place would change too; not a folder,
-    whose count holds each subfolder's ``..``."""
-    status = path.lstat()
-    return not stat.S_ISDIR(status.st_mode) and status.st_nlink > 1
+def own_entry(path: Path) -> bool:
+    """Whether ``path`` is a folder, or a file of no other name (a hard link's, which a write in place changes too):
+    not a symbolic link, FIFO, socket or device, nor gone since it was listed. One ``lstat``, never followed."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(status.st_mode) or (stat.S_ISREG(status.st_mode) and status.st_nlink == 1)
 
 
 def resumed_settings(path: Path) -> dict:

@@ -625,7 +625,7 @@ def test_the_metrics_a_resume_writes_replace_a_hard_linked_file_not_write_throug
     """Behind the check of the run directory: metrics.csv is written as a new file renamed over the old name, so
     another name of the old file keeps its bytes."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(restore, "hard_linked", lambda path: False)  # as if the link came after the check
+    monkeypatch.setattr(restore, "own_entry", lambda path: True)  # as if the link came after the check
     run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
     victim = tmp_path / "victim.csv"
     os.link(run_dir / "metrics.csv", victim)
