@@ -55,9 +55,8 @@ def condense(message: str) -> str:
         indent = deepest[: len(deepest) - len(deepest.lstrip())]
         listed = itertools.takewhile(lambda line: line.startswith(f"{indent}- "), reasons[reasons.index(deepest) + 1 :])
         reason += " " + "; ".join(line.strip().removeprefix("- ") for line in listed)
-    if (
-        "Option 'class_path' is not accepted" in reason and "under init_args" not in reason
-    ):  # class_path beside its arguments: read as arguments
+    if "Option 'class_path' is not accepted" in reason and "under init_args" not in reason:
+        # class_path beside its arguments, all read as arguments (a nested error's message arrives here condensed)
         reason += ". A class's arguments go under init_args: {class_path: NAME, init_args: {ARGUMENT: VALUE}}"
     return f"{'.'.join(keys)}: {reason}"
 
