@@ -181,7 +181,7 @@ class ClassificationModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         steps = lambda: run_length(self.trainer, "step")  # noqa: E731  (asked only by what plans the run)
-        groups = parameter_groups(self.net, self.layer_decay)
+        groups = parameter_groups(self, self.layer_decay)  # its own parameters too, should a subclass add some
         optimizer = build_optimizer(self.optimizer, self.hparams.get("optimizer"), groups, steps, self.net.buffers())
         if self.lr_scheduler is None:
             return {"optimizer": optimizer}

@@ -209,19 +209,21 @@ def check_plan(trainer: Any) -> None:
 
 
 def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[dict]:
-    """The trainable parameters in groups: no weight decay on norm weights and biases (under 2 dimensions: no scale
-    to limit, Goyal et al., 2017); per scale of a module's ``lr_scales`` ({name: scale}), a group at that many times
-    the learning rate, same decay per step. With ``layer_decay``, timm's groups per depth, frozen ones included."""
-    if layer_decay is not None:
-        return layer_groups(net, layer_decay)
+    """The trainable parameters of ``net`` (a network, or a LightningModule: its network's and its own, a learnable
+    temperature say) in groups: no weight decay on norm weights and biases (under 2 dimensions: no scale to limit,
+    Goyal et al., 2017); per scale of a module's ``lr_scales`` ({name: scale}), a group at that many times the
+    learning rate, same decay per step. With ``layer_decay``, timm's groups per depth of the network (``net.net``),
+    frozen ones included, and the rest at the full learning rate."""
+    outer = layer_groups(getattr(net, "net", net), layer_decay) if layer_decay is not None else []
+    grouped = {id(parameter) for group in outer for parameter in group["params"]}
     scales = {id(getattr(m, name)): scale for m in net.modules() for name, scale in getattr(m, "lr_scales", {}).items()}
     decay, no_decay, scaled = [], [], {}
-    for parameter in net.parameters():
+    for parameter in (parameter for parameter in net.parameters() if id(parameter) not in grouped):
         if parameter.requires_grad and id(parameter) in scales:
             scaled.setdefault(float(scales[id(parameter)]), []).append(parameter)
         elif parameter.requires_grad:
             (decay if parameter.ndim >= 2 else no_decay).append(parameter)
-    return [
+    groups = [
         {"params": decay, "name": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
         *(
@@ -229,6 +231,7 @@ def parameter_groups(net: nn.Module, layer_decay: float | None = None) -> list[d
             for scale, params in scaled.items()
         ),
     ]
+    return outer + [group for group in groups if group["params"]] if outer else groups
 
 
 def layer_groups(net: nn.Module, layer_decay: float) -> list[dict]:

@@ -44,6 +44,27 @@ def test_frozen_parameters_are_left_out_of_the_groups():
     assert not any(id(p) in grouped for p in net.stem.parameters())
 
 
+class Tempered(ClassificationModule):
+    """A customisation: a learnable temperature beside the network."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.temperature = nn.Parameter(torch.ones(1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return super().forward(images) / self.temperature
+
+
+def test_a_subclass_own_parameters_are_trained_beside_the_network():
+    net = ResNetSmall(num_classes=10, in_channels=1)
+    module = Tempered(net, num_classes=10, optimizer=partial(torch.optim.AdamW, lr=0.05, weight_decay=0.05))
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(module, DigitsDataModule(batch_size=32))
+    decay_of = {id(p): group["weight_decay"] for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert decay_of[id(module.temperature)] == 0.0  # in a group, without weight decay (one dimension)
+    assert module.temperature.item() != 1.0
+
+
 def lrs(scheduler: WarmupCosine, steps: int) -> list[float]:
     values = []
     for _ in range(steps):

@@ -126,6 +126,9 @@ def test_layer_decay_gives_each_layer_the_learning_rate_it_promises():
     head = {id(parameter) for parameter in net.classifier.parameters()}
     assert all(group["lr"] == pytest.approx(0.1) for group in groups if head & {id(p) for p in group["params"]})
     assert len({group["lr"] for group in groups}) > 2  # the stem, the blocks and the head apart
+    module.temperature = torch.nn.Parameter(torch.ones(1))  # a subclass's own, outside the network: full rate
+    own = [g for g in module.configure_optimizers()["optimizer"].param_groups if module.temperature is g["params"][-1]]
+    assert [(group["lr"], group["weight_decay"]) for group in own] == [(pytest.approx(0.1), 0.0)]
     with pytest.raises(ValueError, match="set model.layer_decay to null"):  # no depths to decay over
         ClassificationModule(ResNetSmall(num_classes=3), num_classes=3, layer_decay=0.5).configure_optimizers()
 
