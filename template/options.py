@@ -41,6 +41,7 @@ SWITCHABLE = ("optimizer", "lr_scheduler", "net")
 # Metrics a checkpoint keeps at their lowest and highest, by name (val/loss, val_err; val/AUC, val/mIoU).
 LOWER = re.compile(r"loss|(?<![a-z])err(or)?s?(?![a-z])", re.IGNORECASE)
 HIGHER = re.compile(r"acc|f1|auc|precision|recall|iou|(?<![a-z])map(?![a-z])|dice|score", re.IGNORECASE)
+OWN_MODES = {f"{split}/{name}": mode for split in ("train", "val") for name, mode in (("loss", "min"), ("acc", "max"))}
 
 
 def condense(message: str) -> str:
@@ -175,6 +176,26 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
                 f"checkpoint.monitor={monitor}: is a higher or a lower value better? Say it: --checkpoint.mode max|min"
             )
         checkpoint.mode = better
+
+
+def check_modes(trainer: Any) -> None:
+    """Refuse a watcher of the recipe's metrics kept the wrong way round (an EarlyStopping or ModelCheckpoint of
+    val/acc in Lightning's default mode min stops or keeps at its worst; a ReduceLROnPlateau of it in torch's cuts
+    the rate as it improves); warn of one whose metric's name says the other way (val_err, val/AUC: your own)."""
+    watchers = [(type(each).__name__, each) for each in trainer.callbacks]
+    watchers += [(type(config.scheduler).__name__, config) for config in trainer.lr_scheduler_configs]
+    for name, each in watchers:
+        monitor, mode = getattr(each, "monitor", None), getattr(getattr(each, "scheduler", each), "mode", None)
+        if not isinstance(monitor, str) or mode not in ("min", "max"):
+            continue
+        lower, higher, said = bool(LOWER.search(monitor)), bool(HIGHER.search(monitor)), f"{name} watches {monitor}"
+        if OWN_MODES.get(monitor, mode) != mode:
+            better = OWN_MODES[monitor]
+            raise ValueError(
+                f"{said} with mode={mode}, which counts its worse values as better: set its mode to {better}"
+            )
+        if monitor not in OWN_MODES and lower != higher and mode != ("min" if lower else "max"):
+            rank_zero_warn(f"{said} with mode={mode}, where its name says {'lower' if lower else 'higher'} is better")
 
 
 # Lightning's "💡 Tip" lines advertise its other products: not what a run reports.

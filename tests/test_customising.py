@@ -291,6 +291,29 @@ def test_another_monitored_metric_is_kept_at_its_best_not_at_the_recipes_maximum
     )
 
 
+@pytest.mark.parametrize(
+    "watcher",
+    [
+        ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/acc"],  # Lightning's mode: min
+        ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/acc"],
+        ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau", "--model.scheduler_monitor", "val/acc"],
+        ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau", "--model.lr_scheduler.mode", "max"],
+    ],
+)
+def test_a_watcher_of_the_recipes_metrics_the_wrong_way_round_is_refused_before_training(tmp_path, capsys, watcher):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args(tmp_path / "runs"), *QUICK, *watcher])
+    better = "max" if "val/acc" in watcher else "min"  # the plateau schedule's own default monitor: val/loss
+    assert exit_info.value.code == 1 and f"set its mode to {better}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
+
+
+def test_a_watcher_of_your_own_metric_against_its_name_is_warned_of(run_cli):
+    own = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_err", "--trainer.callbacks.mode"]
+    with pytest.warns(UserWarning, match="EarlyStopping watches val_err with mode=max, where its name says lower"):
+        run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1", *own, "max", "--trainer.callbacks.strict", "false")
+
+
 def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):
     run_cli("fit", "--trainer.logger", "false", *QUICK, "--trainer.limit_val_batches", "1")
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ from torchvision.utils import make_grid
 
 from template.callbacks.run_record import run_directory
 from template.files import write_atomic
+from template.options import check_modes
 from template.schedule import check_plan
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][\w/.\-]*$")
@@ -80,6 +81,7 @@ class TrainingMonitor(Callback):
         return next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        check_modes(trainer)  # the callbacks' and schedulers' monitors, kept the right way round
         writer = self._tensorboard(trainer)
         if writer is not None and trainer.is_global_zero:
             layout = {"loss": {"train and val": ["Multiline", ["train/loss", "val/loss"]]}}
