@@ -1,56 +1,127 @@
 """CIFAR-10 from its python-pickle release (``cifar-10-batches-py/``), as torchvision lays it out."""
 
-import pickle
+import math
+import pickletools
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from template.data.augment import Flip
 from template.data.base import ImageDataModule, Split, split_named
+from template.text import printable
 
+ANY = pickletools.anyobject
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{index}" for index in range(1, 6)]
 TEST_FILES = ["test_batch"]
 CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
-class _ArraysOnly(pickle.Unpickler):
-    """Unpickles plain containers and numpy arrays only: a doctored batch file cannot run code."""
-
-    allowed = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-    }
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self.allowed:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR-10 batch file")
-        found = super().find_class(module, name)
-        return {"_reconstruct": empty_array(found), "ndarray": ArrayClass}.get(name, found)
+# What a pickle of arrays holds: the plain values opcodes push from their own argument (numbers, text, bytes), empty
+# containers and constants, and calls of numpy's (read as names: ``Call``).
+PUSHES = {
+    op.name for op in pickletools.opcodes if op.arg and not op.stack_before and op.stack_after[:1] not in ([], [ANY])
+}
+EMPTY = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False, "EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_TUPLE": tuple}
+RECONSTRUCT = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct")  # protocols 0 to 4
+FROMBUFFER = ("numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer")  # protocol 5
+DTYPES = ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f4", "f8")  # numpy's plain numbers, by code
 
 
-class ArrayClass:
-    """numpy.ndarray as a batch file names it: an argument of ``_reconstruct``, never called to make an array."""
+class Call:
+    """A call a pickle asks for, of a function it names, and the state it then sets: recorded, never made."""
 
-    def __new__(cls, *args, **kwargs):
-        raise pickle.UnpicklingError(
-            f"refusing an array of {args[:1]} made by calling numpy.ndarray: asked for, not held"
-        )
+    def __init__(self, name: str, args: tuple) -> None:
+        self.name, self.args, self.state = name, args, None
+
+    def __repr__(self) -> str:
+        return f"a call of {printable(self.name)}"
 
 
-def empty_array(reconstruct):
-    """numpy's ``_reconstruct`` as numpy's own pickles call it: an empty array of plain values, its state then filled
-    in (and checked against the bytes the file holds). Any other size is memory asked for in a few bytes of file."""
+def read_pickle(file: BinaryIO) -> Any:
+    """A pickle's values, read as data by ``pickletools``: its globals are only names and its calls ``Call``s, so
+    nothing it names is imported or run, and nothing it asks for is allocated (``array_of`` builds the arrays)."""
+    stack: list = []
+    memo: dict = {}
+    marks: list[int] = []
 
-    def reconstructed(cls, shape, dtype):
-        if cls is not ArrayClass or tuple(shape) != (0,) or np.dtype(dtype).hasobject:
-            raise pickle.UnpicklingError(f"refusing an array of {shape} {np.dtype(dtype)} made from nothing")
-        return reconstruct(np.ndarray, shape, dtype)
+    def since_mark() -> list:
+        items = stack[marks[-1] :]
+        del stack[marks.pop() :]
+        return items
 
-    return reconstructed
+    for opcode, arg, position in pickletools.genops(file):
+        name = opcode.name
+        if name in PUSHES:
+            stack.append(arg)
+        elif name in EMPTY:
+            stack.append(EMPTY[name]() if isinstance(EMPTY[name], type) else EMPTY[name])
+        elif name == "MARK":
+            marks.append(len(stack))
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            memo[len(memo) if arg is None else arg] = stack[-1]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo[arg])
+        elif name == "GLOBAL":
+            stack.append(Call(arg.replace(" ", "."), ()))
+        elif name == "STACK_GLOBAL":
+            attribute, module = stack.pop(), stack.pop()
+            stack.append(Call(f"{module}.{attribute}", ()))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3", "TUPLE", "LIST"):
+            items = since_mark() if name in ("TUPLE", "LIST") else [stack.pop() for _ in range(int(name[-1]))][::-1]
+            stack.append(items if name == "LIST" else tuple(items))
+        elif name in ("APPEND", "APPENDS"):
+            items = since_mark() if name == "APPENDS" else [stack.pop()]
+            stack[-1].extend(items)
+        elif name in ("SETITEM", "SETITEMS", "DICT"):
+            items = since_mark() if name != "SETITEM" else [stack.pop(-2), stack.pop()]
+            if name == "DICT":
+                stack.append({})
+            stack[-1].update(zip(items[::2], items[1::2], strict=True))
+        elif name == "REDUCE" and isinstance(stack[-1], tuple) and isinstance(stack[-2], Call) and not stack[-2].args:
+            args = stack.pop()
+            stack.append(Call(stack.pop().name, args))
+        elif name == "BUILD" and isinstance(stack[-2], Call) and stack[-2].args and stack[-2].state is None:
+            state = stack.pop()
+            stack[-1].state = state
+        elif name not in ("PROTO", "FRAME", "STOP"):
+            raise ValueError(f"its pickle holds {name} at byte {position}, which a batch of arrays does not")
+    return stack[-1]
+
+
+def literal(value: Any) -> Any:
+    """Bytes as protocol 2 pickles them (``_codecs.encode(text, "latin1")``) or Python 2's strings, as bytes."""
+    if isinstance(value, Call) and value.name == "_codecs.encode" and len(value.args) == 2 and not value.state:
+        value = value.args[0] if value.args[1] == "latin1" else None
+    return (
+        value.encode("latin-1") if isinstance(value, str) else bytes(value) if isinstance(value, bytearray) else value
+    )
+
+
+def array_of(value: Any) -> Any:
+    """The numpy array a pickle's call stands for, built here from the bytes it holds as one of ``DTYPES``, checked
+    against its shape; any other value as it is, and any other call refused."""
+    if not isinstance(value, Call):
+        return value
+    args, state = value.args, value.state
+    if value.name in RECONSTRUCT and len(args) == 3 and isinstance(state, tuple) and len(state) == 5:
+        shape, dtype, raw, layout = state[1], state[2], literal(state[4]), (literal(args[1]), state[3])
+    elif value.name in FROMBUFFER and len(args) == 4 and state is None:
+        raw, dtype, shape, layout = literal(args[0]), args[1], args[2], ((0,), args[3] != "C")
+    else:
+        raise ValueError(f"{value!r}, not a numpy array as numpy pickles one")
+    order = dtype.state[1] if isinstance(dtype, Call) and isinstance(dtype.state, tuple) and dtype.state[1:] else "|"
+    code = dtype.args[0] if isinstance(dtype, Call) and dtype.name == "numpy.dtype" and dtype.args else None
+    if code not in DTYPES or order not in ("|", "<", "=") or layout != ((0,), False):
+        raise ValueError(f"an array of {dtype!r} ({printable(str(code))}), not one of {', '.join(DTYPES)} in C order")
+    dtype = np.dtype(f"<{code}")
+    if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)) or not isinstance(raw, bytes):
+        raise ValueError(f"an array of shape {shape!r}, not one of sizes, or without its bytes")
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"an array of {shape} {dtype} in {len(raw)} bytes of the file")
+    return np.frombuffer(raw, dtype).reshape(shape)
 
 
 def label_problem(labels: object, count: int) -> str | None:
@@ -61,27 +132,32 @@ def label_problem(labels: object, count: int) -> str | None:
         return f"{len(labels)} labels for {count} images"
     # torch.long would truncate 3.7 to 3, silently; a label past the classes would fail only mid-training.
     for index, label in enumerate(labels):
-        if not (type(label) is int or isinstance(label, np.integer)) or not 0 <= label < len(CLASS_NAMES):
-            return f"label {index} is {label!r}"
+        if not (type(label) is int or isinstance(label, np.integer)):
+            return f"label {index} is {printable(repr(label)) if type(label) in (float, str) else type(label).__name__}"
+        if not 0 <= label < len(CLASS_NAMES):
+            return f"label {index} is {label}"
     return None
 
 
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """One batch file's uint8 images (N, 3, 32, 32) and int64 labels (N,); a ValueError names the file and key."""
-    with path.open("rb") as file:
-        batch = _ArraysOnly(file, encoding="latin1").load()
-    if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
-        raise ValueError(f"{path} is not a CIFAR-10 batch: a dict with the keys data and labels")
-    images = batch["data"]
+    try:
+        with path.open("rb") as file:
+            batch = read_pickle(file)
+        if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
+            raise ValueError("not a dict with the keys data and labels")
+        images, labels = array_of(batch["data"]), array_of(batch["labels"])
+    except (ValueError, TypeError, LookupError, AttributeError) as error:  # a damaged file's, whichever
+        raise ValueError(f"{path} is not a CIFAR-10 batch: {error}; nothing in it was imported or run") from None
     # As released, (N, 3072) uint8: a cast would wrap other integers and floor float pixels, silently.
     if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == (3 * 32 * 32,)):
         what = f"{images.dtype} {list(images.shape)}" if isinstance(images, np.ndarray) else type(images).__name__
         raise ValueError(f"{path}: CIFAR-10 batch key 'data' must be uint8 (N, 3072) pixels, not {what}")
-    if problem := label_problem(batch["labels"], len(images)):
+    if problem := label_problem(labels, len(images)):
         raise ValueError(
             f"{path}: CIFAR-10 batch key 'labels' must be integers in [0, {len(CLASS_NAMES)}), one an image: {problem}"
         )
-    return images.reshape(-1, 3, 32, 32), np.asarray(batch["labels"], dtype=np.int64)
+    return images.reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)
 
 
 def read_batches(folder: Path, names: list[str]) -> Split:
