@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+SPARSE_FROM = 16 << 20  # a file this large may be mostly holes (check_dense); below it, reading it all is cheap
+
 
 @contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
@@ -51,16 +53,18 @@ def remove_stale_temporaries(directory: Path, pattern: str) -> None:
 
 
 class NotARegularFile(OSError):
-    """A path to read that is a folder, a FIFO, a socket or a device."""
+    """A path to read that is a folder, a FIFO, a socket, a device or a file mostly of holes."""
 
 
 def open_regular(path: Path) -> BinaryIO:
     """``path`` opened to read if a regular file (links followed), else NotARegularFile says what it is (a FIFO would
-    wait for a writer, a tty acts on being opened); checked again once open: another file may take its name."""
+    wait for a writer, a tty acts on being opened, a file of holes costs its size to read); checked again once open:
+    another file may take its name."""
     check_regular(path, os.stat(path).st_mode)
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        check_regular(path, os.fstat(descriptor).st_mode)
+        check_regular(path, (status := os.fstat(descriptor)).st_mode)
+        check_dense(path, descriptor, status)
         os.set_blocking(descriptor, True)
         return os.fdopen(descriptor, "rb")
     except BaseException:
@@ -72,6 +76,23 @@ def check_regular(path: Path, mode: int) -> None:
     if not stat.S_ISREG(mode):
         what = "a directory" if stat.S_ISDIR(mode) else "no regular file (a FIFO, socket or device)"
         raise NotARegularFile(f"{path} is {what}")
+
+
+def check_dense(path: Path, descriptor: int, status: os.stat_result) -> None:
+    """Refuse a file mostly of holes (sparse: ``truncate``, ``tar -S``, ``rsync -S`` make them): reading one costs
+    its size, gigabytes, for the kilobytes someone sent. Past ``SPARSE_FROM`` bytes, with its disk blocks under an
+    eighth of them and a hole the filesystem reports (one that reports none is taken at its word)."""
+    if status.st_size > SPARSE_FROM and status.st_blocks * 512 * 8 < status.st_size:
+        try:
+            hole = os.lseek(descriptor, 0, os.SEEK_HOLE)
+        except OSError:
+            return
+        finally:
+            os.lseek(descriptor, 0, os.SEEK_SET)
+        if hole < status.st_size:
+            raise NotARegularFile(
+                f"{path} is a file of holes (sparse): {status.st_size:,} bytes in {status.st_blocks * 512:,} of disk"
+            )
 
 
 def read_at_most(path: Path, limit: int) -> bytes:

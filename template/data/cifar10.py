@@ -10,6 +10,7 @@ import torch
 
 from template.data.augment import Flip
 from template.data.base import ImageDataModule, Split, split_named
+from template.files import open_regular
 from template.text import printable
 
 ANY = pickletools.anyobject
@@ -142,7 +143,7 @@ def label_problem(labels: object, count: int) -> str | None:
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """One batch file's uint8 images (N, 3, 32, 32) and int64 labels (N,); a ValueError names the file and key."""
     try:
-        with path.open("rb") as file:
+        with open_regular(path) as file:
             batch = read_pickle(file)
         if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
             raise ValueError("not a dict with the keys data and labels")

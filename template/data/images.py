@@ -3,9 +3,12 @@
 import mmap
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from template.files import open_regular
 
 # What Pillow may read a file as, told by its bytes whatever its name: raster formats it decodes itself. Not EPS,
 # whose loader runs Ghostscript on the file's PostScript.
@@ -43,8 +46,13 @@ def open_image(path: Path, mode: str, draft: int | None = None) -> Image.Image:
     """The image of ``path`` decoded in full, upright (EXIF orientation), 16-bit scaled to 8, in ``mode``. With
     ``draft``, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size while both sides stay at least ``draft`` (libjpeg's
     DCT scaling): faster, and within about a level of 255 of a full decode."""
+    with open_regular(path) as file:  # not a FIFO, nor a file of holes (gigabytes read for kilobytes sent)
+        return decoded(file, path, mode, draft)
+
+
+def decoded(file: BinaryIO, path: Path, mode: str, draft: int | None) -> Image.Image:
     try:
-        image = Image.open(path, formats=FORMATS)
+        image = Image.open(file, formats=FORMATS)
     except Image.UnidentifiedImageError:  # Pillow's words name no format it was allowed
         raise ValueError(f"no image of a format read here ({', '.join(FORMATS)}): convert it to PNG or JPEG") from None
     except Image.DecompressionBombError:
