@@ -1,6 +1,7 @@
 """The few Lightning and torch internals this project leans on, in one place: an upgrade may change them without a
 word, so ``tests/test_compat.py`` calls each against the installed versions, and greps that no other module uses one."""
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,5 +82,5 @@ def number_past_every_version(logger: Any) -> None:
     """Lightning numbers a new run past the ``version_N`` directories, and misses a name that is no directory (a
     dangling link, a file), which it then fails to create: the run goes past every such name, never into one."""
     if isinstance(logger, TensorBoardLogger | CSVLogger) and logger._version is None:
-        found = [path.name.split("_")[1] for path in Path(logger.root_dir).glob("version_*")]  # links: not followed
-        logger._version = max((int(number) + 1 for number in found if number.isdigit()), default=0)
+        found = [re.fullmatch(r"version_([0-9]{1,9})", path.name) for path in Path(logger.root_dir).glob("version_*")]
+        logger._version = max((int(number[1]) + 1 for number in found if number), default=0)  # links: not followed

@@ -1036,6 +1036,10 @@ def test_a_dangling_link_where_the_next_version_would_go_is_passed_over(trained,
     (run_dir.parent / "version_1").symlink_to(tmp_path / "nowhere")
     enter("validate", run_dir / "checkpoints" / "last.ckpt", tmp_path)
     assert (run_dir.parent / "version_2" / "config.yaml").is_file() and not (tmp_path / "nowhere").exists()
+    for odd in ("version_²", f"version_{'9' * 200}", "version_3_old"):  # no number int() reads, one too long, a copy
+        (run_dir.parent / odd).mkdir()
+    enter("validate", run_dir / "checkpoints" / "last.ckpt", tmp_path)
+    assert (run_dir.parent / "version_3" / "config.yaml").is_file()
 
 
 def test_naming_your_own_classes_again_never_imports_a_name_a_mapping_holds(sentinel):
