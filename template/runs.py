@@ -71,7 +71,7 @@ def place_run(
     if trackers:
         name = logger.init_args.get("name") if is_tensorboard(logger) else None
         if resumed is not None:
-            continue_tracker_runs(trackers, resumed)
+            continue_tracker_runs(trackers, resumed, Path(runs_dir(config)).resolve())
         config.trainer.logger = [logger, *resolve_trackers(trackers, runs_dir(config), name)]
 
 

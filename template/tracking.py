@@ -7,6 +7,7 @@ import json
 import os
 import pkgutil
 import re
+import secrets
 import shlex
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
 RUN_IDS = ("version", "run_id", "id")
 TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B's base-36 ones
+# A secret a run directory shares with its MLflow run (a tag there, "token" in trackers.json): a resume logs on into
+# an MLflow run only if it holds the token, not into whichever run a received trackers.json names (a colleague's).
+TOKEN_TAG = "template.run_token"
 # The most trackers.json may take, read whole: a tracker's entry (its class, an id) takes under 300 bytes.
 MAX_TRACKER_RUNS_BYTES = 1 << 16
 
@@ -63,7 +67,7 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
                 init_args[argument] = name or "lightning_logs"  # Lightning's default
         mlflow = issubclass(cls, loggers.MLFlowLogger)
         if mlflow and not init_args.get("tracking_uri"):
-            init_args.tracking_uri = environment or f"sqlite:///{runs / 'mlflow.db'}"
+            init_args.tracking_uri = mlflow_uri(init_args, runs)
             if init_args.tracking_uri.startswith("sqlite:") and not init_args.get("artifact_location"):
                 init_args.artifact_location = str(runs / "mlartifacts")  # MLflow's own: ./mlruns, wherever that is
         elif mlflow and init_args.get("run_id") and environment not in (None, "", init_args.tracking_uri):
@@ -83,13 +87,33 @@ def without_run_ids(tracker: Any) -> Any:
     return tracker.class_path, {key: value for key, value in vars(tracker.init_args).items() if key not in RUN_IDS}
 
 
-def continue_tracker_runs(trackers: list[Namespace], run_dir: Path) -> None:
+def mlflow_uri(init_args: Namespace, runs: Path) -> str:
+    """Where MLflow logs: as given, else ``MLFLOW_TRACKING_URI``, else SQLite beside the runs."""
+    return init_args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{runs / 'mlflow.db'}"
+
+
+def continue_tracker_runs(trackers: list[Namespace], run_dir: Path, runs: Path) -> None:
     recorded = tracker_runs(run_dir)
     for tracker in trackers:
         cls, init_args = configured_class(tracker)
-        for argument, run_id in recorded.get(class_key(cls), {}).items() if cls is not None else ():
-            if argument in init_args and not init_args.get(argument):
-                init_args[argument] = run_id
+        entry = dict(recorded.get(class_key(cls), {})) if cls is not None else {}
+        token = entry.pop("token", None)
+        for argument, run_id in entry.items():
+            if argument not in init_args or init_args.get(argument):
+                continue
+            if issubclass(cls, loggers.MLFlowLogger) and not holds_token(mlflow_uri(init_args, runs), run_id, token):
+                rank_zero_warn(
+                    f"MLflow run {run_id}, which {run_dir / TRACKER_RUNS} names, does not hold this run directory's "
+                    f"token (tag {TOKEN_TAG}): the resume logs into a new MLflow run, not into one of another run's"
+                )
+                continue
+            init_args[argument] = run_id
+
+
+def holds_token(uri: str, run_id: str, token: str | None) -> bool:
+    from mlflow import MlflowClient
+
+    return token is not None and MlflowClient(uri).get_run(run_id).data.tags.get(TOKEN_TAG) == token
 
 
 def class_key(cls: type) -> str:
@@ -108,6 +132,10 @@ def record_trackers(trackers: list[Logger], configured: list, config: dict, run_
             tracker.log_hyperparams(flattened(config))
         _ = tracker.experiment  # starts the run (W&B's id is known only then)
         record[class_key(type(tracker))] = {argument: tracker.version}
+        if isinstance(tracker, loggers.MLFlowLogger):  # the run's token: its own, or a new one
+            token = tracker.experiment.get_run(tracker.run_id).data.tags.get(TOKEN_TAG) or secrets.token_hex(16)
+            tracker.experiment.set_tag(tracker.run_id, TOKEN_TAG, token)
+            record[class_key(type(tracker))]["token"] = token
     if record:
         write_atomic(run_dir / TRACKER_RUNS, json.dumps(record, indent=2) + "\n")
 
@@ -123,7 +151,9 @@ def tracker_runs(run_dir: Path) -> dict[str, dict[str, str]]:
         raise DamagedCheckpointError(f"{source}, the run's tracker runs, cannot be read: {error}") from None
     if not isinstance(record, dict) or not all(
         isinstance(ids, dict)
-        and all(name in RUN_IDS and isinstance(id, str) and TRACKER_RUN_ID.match(id) for name, id in ids.items())
+        and all(
+            name in (*RUN_IDS, "token") and isinstance(id, str) and TRACKER_RUN_ID.match(id) for name, id in ids.items()
+        )
         for ids in record.values()
     ):
         raise DamagedCheckpointError(

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from jsonargparse import Namespace
 from template.checkpoints import DamagedCheckpointError
 from template.cli import PROGRAM
 from template.tracking import (
+    TOKEN_TAG,
     TRACKER_RUNS,
     continue_tracker_runs,
     flattened,
@@ -112,9 +114,10 @@ def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_noth
     mlflow = Namespace(class_path="template.tracking.MLFlowLogger", init_args=ids)
     wandb = Namespace(class_path=WANDB, init_args=Namespace(project="digits", id=None))
     own = Namespace(class_path=WANDB, init_args=Namespace(project="digits", id="mine"))  # given: it stays
-    continue_tracker_runs([mlflow, wandb], run_dir)
-    assert mlflow.init_args.run_id == "0123abcd" and wandb.init_args.id == "j4wx0qr8"
-    continue_tracker_runs([own], run_dir)
+    with pytest.warns(UserWarning, match="MLflow run 0123abcd, which .* names, does not hold this run directory's"):
+        continue_tracker_runs([mlflow, wandb], run_dir, tmp_path / "runs")  # a record without a token: not ours
+    assert mlflow.init_args.run_id is None and wandb.init_args.id == "j4wx0qr8"
+    continue_tracker_runs([own], run_dir, tmp_path / "runs")
     assert own.init_args.id == "mine"
 
     deep = "[" * 200_000 + "]" * 200_000  # deeper than Python's parser follows
@@ -123,6 +126,31 @@ def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_noth
         (run_dir / TRACKER_RUNS).write_text(damaged)
         with pytest.raises(DamagedCheckpointError, match=TRACKER_RUNS):
             tracker_runs(run_dir)
+
+
+def test_a_resume_logs_on_only_into_the_mlflow_run_that_holds_its_run_directorys_token(tmp_path):
+    """A run directory from elsewhere whose trackers.json names another run of a shared store (a colleague's): the
+    resume starts a run of its own, and never writes into that one."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'shared.db'}"
+    client = MlflowClient(uri)
+    colleagues = client.create_run(client.create_experiment("production")).info.run_id
+    ours = client.create_run(client.create_experiment("digits"), tags={TOKEN_TAG: "a1" * 16}).info.run_id
+    run_dir = tmp_path / "runs" / "digits" / "version_0"
+    run_dir.mkdir(parents=True)
+    for run_id, token, continued in ((colleagues, "a1" * 16, False), (ours, "b2" * 16, False), (ours, "a1" * 16, True)):
+        (run_dir / TRACKER_RUNS).write_text(
+            json.dumps({"template.tracking.MLFlowLogger": {"run_id": run_id, "token": token}})
+        )
+        mlflow = Namespace(
+            class_path="template.tracking.MLFlowLogger", init_args=Namespace(tracking_uri=uri, run_id=None)
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            continue_tracker_runs([mlflow], run_dir, tmp_path / "runs")
+        assert (mlflow.init_args.run_id == run_id) is continued
+        assert any("does not hold this run directory's token" in str(w.message) for w in caught) is not continued
 
 
 def free_port() -> int:
@@ -184,8 +212,10 @@ def test_mlflow_server_gets_the_config_and_val_acc_and_a_resume_logs_on_into_the
     config = str(REPO / "configs" / "logger" / "mlflow.yaml")
     fit(tmp_path, env, "--config", config, "--trainer.max_epochs", "1", *QUICK)
     run_dir = tmp_path / "runs" / "digits" / "version_0"
-    run_id = json.loads((run_dir / TRACKER_RUNS).read_text())["template.tracking.MLFlowLogger"]["run_id"]
+    recorded = json.loads((run_dir / TRACKER_RUNS).read_text())["template.tracking.MLFlowLogger"]
+    run_id = recorded["run_id"]
     run = rest(mlflow_server, "/api/2.0/mlflow/runs/get", run_id=run_id)["run"]
+    assert {tag["key"]: tag["value"] for tag in run["data"]["tags"]}[TOKEN_TAG] == recorded["token"]  # shared
     params = {param["key"]: param["value"] for param in run["data"]["params"]}
     assert params["model.init_args.optimizer.init_args.lr"] == "0.003" and params["trainer.max_epochs"] == "1"
     assert params["trainer.logger.1.init_args.tracking_uri"] == mlflow_server  # where it went, recorded
@@ -198,7 +228,7 @@ def test_mlflow_server_gets_the_config_and_val_acc_and_a_resume_logs_on_into_the
     last = str(run_dir / "checkpoints" / "last.ckpt")
     again = ["--config", config, "--ckpt_path", last]  # the tracker is the user's to name again: never the run's
     fit(tmp_path, env, *again, "--trainer.max_epochs", "2", "--data.num_workers", "1", *QUICK)
-    assert json.loads((run_dir / TRACKER_RUNS).read_text())["template.tracking.MLFlowLogger"] == {"run_id": run_id}
+    assert json.loads((run_dir / TRACKER_RUNS).read_text())["template.tracking.MLFlowLogger"] == recorded
     history = rest(mlflow_server, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key="val/acc")
     steps = sorted(metric["step"] for metric in history["metrics"])
     assert len(steps) == 2 and steps[0] < steps[1]  # epoch 0's, then the resumed epoch 1's
