@@ -576,14 +576,29 @@ def check_hub_file(path: Path, url: str) -> Path:
     """``path``, refused if its contents do not match the hash prefix in its name (torch hub's convention,
     ``resnet18-f37072fd.pth``). It is then read as tensors only (``template.checkpoints.read_weights``)."""
     expected = torch.hub.HASH_REGEX.search(path.name)
-    if expected is not None:
-        digest = hashlib.sha256()
-        with open_regular(path) as file:
-            while chunk := file.read(1 << 20):
-                digest.update(chunk)
-        if not digest.hexdigest().startswith(expected.group(1)):
-            raise ValueError(
-                f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
-                f"not the published file); replace it with {url}"
-            )
+    if expected is not None and not sha256_of(path).startswith(expected.group(1)):
+        raise ValueError(
+            f"refusing {path}: its contents do not match the hash {expected.group(1)} in its name (damaged, or "
+            f"not the published file); replace it with {url}"
+        )
     return path
+
+
+def check_blob(path: Path, repo: str) -> Path:
+    """``path`` in a Hugging Face cache, refused if it links to a blob whose name (the SHA-256 the hub names a large
+    file by) its contents do not match: damaged, or not what was downloaded. A copy of no link goes unchecked."""
+    blob = path.resolve()
+    if blob.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", blob.name) and sha256_of(blob) != blob.name:
+        raise ValueError(
+            f"refusing {path}: its contents do not match the SHA-256 its blob is named by ({blob.name[:12]}...): "
+            f"damaged, or not the file the hub sent; fetch {repo} again (`hf download {repo}` on a machine online)"
+        )
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open_regular(path) as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -6,6 +6,7 @@ import functools
 import json
 import shutil
 import sys
+from hashlib import sha256
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,7 @@ import torch
 from conftest import write_image_folder
 from safetensors.torch import save_file
 
+from template.checkpoints import CheckpointError, read_weights
 from template.cli import cli
 from template.commands import main
 from template.data import ImageFolderDataModule
@@ -39,7 +41,12 @@ def hf_cache(tmp_path, monkeypatch) -> dict[str, torch.Tensor]:
     (repo / "snapshots" / "0123abcd").mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0123abcd")
-    save_file(state, repo / "snapshots" / "0123abcd" / "model.safetensors")
+    (repo / "blobs").mkdir()
+    save_file(state, repo / "blobs" / "written")  # as the hub keeps a large file: a blob named by its SHA-256
+    blob = (repo / "blobs" / "written").rename(
+        repo / "blobs" / sha256((repo / "blobs" / "written").read_bytes()).hexdigest()
+    )
+    (repo / "snapshots" / "0123abcd" / "model.safetensors").symlink_to(f"../../blobs/{blob.name}")
     return state
 
 
@@ -178,7 +185,17 @@ def test_weights_of_another_network_holes_or_nan_are_refused_before_training(hf_
         file.truncate(8 + len(header) + (4 << 30))
     with pytest.raises(SystemExit):
         main(["fit", *CONFIGS, "--data.root", str(clone), "--weights_file", str(tmp_path / "holes.safetensors")])
-    assert "more than the network could take" in capsys.readouterr().err
+    assert "is a file of holes (sparse)" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="more than the network could take"):  # its tensors, over 1 MiB allowed
+        read_weights(tmp_path / "nan.safetensors", 1 << 20)
+
+
+def test_a_hub_cache_blob_that_is_not_what_its_name_says_is_refused(hf_cache, clone, tmp_path, capsys):
+    (blob,) = (tmp_path / "hf").glob("*/blobs/*")
+    save_file({key: torch.zeros_like(value) for key, value in hf_cache.items()}, blob)  # other weights, same name
+    with pytest.raises(SystemExit):
+        main(["fit", *CONFIGS, "--data.root", str(clone)])
+    assert f"its contents do not match the SHA-256 its blob is named by ({blob.name[:12]}" in capsys.readouterr().err
 
 
 def test_grey_images_take_the_weights_statistics_averaged_over_the_colours(hf_cache, clone):

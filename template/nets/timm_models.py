@@ -54,6 +54,8 @@ def weights_location(config: Any) -> Path:
     """The file of ``config``'s weights in the Hugging Face or torch hub cache; nothing is downloaded."""
     from huggingface_hub import constants, try_to_load_from_cache
 
+    from template.checkpoints import check_blob, check_hub_file
+
     looked = []
     if config.hf_hub_id:  # the environment as it is now (huggingface_hub reads it once, when imported)
         home = os.environ.get("HF_HOME")
@@ -61,10 +63,9 @@ def weights_location(config: Any) -> Path:
         for filename in (config.hf_hub_filename, "model.safetensors", "pytorch_model.bin"):
             found = filename and try_to_load_from_cache(config.hf_hub_id, filename, cache_dir=cache)
             if isinstance(found, str):
-                return Path(found)
+                return check_blob(Path(found), config.hf_hub_id)
         looked.append(f"{config.hf_hub_id} in the Hugging Face cache {cache}")
     if config.url:
-        from template.checkpoints import check_hub_file
         from template.nets.pretrained import hub_file
 
         if (path := hub_file(config.url)).is_file():
