@@ -3,6 +3,7 @@ channels_last, torch.compile and EMA."""
 
 import copy
 import csv
+import re
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import write_image_folder
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -30,9 +32,9 @@ def final_val_acc(run_dir: Path) -> float:
     return events.Scalars("val/acc")[-1].value
 
 
-def fit(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.Popen:
+def fit(cwd: Path, *args: str, launcher: list[str] | None = None, subcommand: str = "fit") -> subprocess.Popen:
     # With every default on, as users run it: the progress bar (on rank 0 only), the monitor, checkpoints.
-    command = [*(launcher or [sys.executable]), "-m", "template", "fit", *args]
+    command = [*(launcher or [sys.executable]), "-m", "template", subcommand, *args]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -61,6 +63,20 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tmp_path):
     assert [p.name for p in (ddp / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
     one, two = final_val_acc(single / "runs/digits/version_0"), final_val_acc(ddp / "runs/digits/version_0")
     assert one > 0.9 and abs(one - two) < 0.03, (one, two)
+
+
+@pytest.mark.slow
+def test_two_process_evaluation_scores_each_image_once_as_one_process_does(tmp_path):
+    """Nine validation images over two ranks: Lightning's DistributedSampler would score one of them twice."""
+    root = write_image_folder(tmp_path / "images", per_class=3, splits=("train", "val", "test"), size=(8, 8))
+    data = ["--config", str(REPO / "configs/imagefolder.yaml"), "--data.root", str(root), "--data.num_workers", "0"]
+    data += ["--data.image_size", "8", "--data.batch_size", "4", "--trainer.accelerator", "cpu"]
+    finished(fit(tmp_path, *data, "--trainer.max_epochs", "2"))
+    checkpoint = ["--ckpt_path", "last", *data, "--config", str(REPO / "configs/trainer/ddp.yaml")]
+    two = finished(fit(tmp_path, *checkpoint, "--trainer.devices", "2", subcommand="validate"))
+    one = finished(fit(tmp_path, *checkpoint, "--trainer.devices", "1", subcommand="validate"))
+    scored = [re.search(r"val/acc (\S+) on (\d+) images \((.*)\)", output).groups() for output in (one, two)]
+    assert scored[0] == scored[1] and scored[0][1:] == ("9", "the whole split"), scored
 
 
 @pytest.mark.slow

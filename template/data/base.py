@@ -26,7 +26,7 @@ from template.data.augment import (  # one name a line: a renamed project's long
     normalize,
     random_erasing,
 )
-from template.data.loaders import ResumableSampler, Split, TensorImageDataset, join, keep_batch
+from template.data.loaders import EvaluationSampler, ResumableSampler, Split, TensorImageDataset, join, keep_batch
 from template.data.preprocessing import check_preprocessing
 
 
@@ -347,9 +347,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 f"lower data.{option}"
             )
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        sampler = None
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        sampler = EvaluationSampler(dataset, world_size, rank) if world_size > 1 and not train else None
         if train:
-            rank = self.trainer.global_rank if self.trainer is not None else 0
             sampler = self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
             if self._resume_state:  # restored from a checkpoint before this loader existed
                 if self._resume_state["samples_consumed"] > len(sampler):

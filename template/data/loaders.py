@@ -74,6 +74,18 @@ def keep_batch(batch: Split) -> Split:
     return batch
 
 
+class EvaluationSampler(DistributedSampler):
+    """A rank's share of an evaluation split, each image once: ranks take every ``num_replicas``-th from their own.
+    The DistributedSampler Lightning gives evaluation repeats images to even the shares, scoring them twice."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))  # its __len__
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+
 class ResumableSampler(DistributedSampler):
     """The training order: DistributedSampler's permutation of (seed, epoch). On a mid-epoch resume the first
     ``skip`` samples of this rank's share, already trained on, are left out until the next epoch."""
