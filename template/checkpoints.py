@@ -354,9 +354,10 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
         print(f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
 
 
-def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
+def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None) -> Path:
     """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was written
-    last (a `validate` run, writing none, never hides the run it evaluated); its last is the newer of the two."""
+    last (a `validate` run, writing none, never hides the run it evaluated); its last is the newer of the two. Its best
+    is by ``monitor`` where the run kept bests by several metrics, else by the one it kept them by."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
@@ -380,28 +381,44 @@ def find_checkpoint(alias: str, runs_dir: str | Path) -> Path:
     checkpoint_dir = max(lasts)[1].parent
     found = [*checkpoint_dir.glob("*.ckpt"), *checkpoint_dir.glob("*/*.ckpt")]  # a "/" in a metric's name: a folder
     kept = [path for path in found if path.is_file() and path.stem not in ("last", "preempted")]
-    bests = [(score, path.stat().st_mtime, path) for path in kept if (score := monitored_score(path)) is not None]
+    bests = [(*scored, path.stat().st_mtime, path) for path in kept if (scored := monitored_score(path)) is not None]
+    by = {metric for metric, *_ in bests}
     if not bests:
         raise FileNotFoundError(
             f"--ckpt_path best: {checkpoint_dir} holds no best checkpoint (none records a monitored metric)"
         )
+    if monitor not in by and len(by) > 1:  # a ModelCheckpoint of the user's beside the recipe's
+        raise FileNotFoundError(
+            f"--ckpt_path best: {checkpoint_dir} holds best checkpoints by {', '.join(sorted(map(printable, by)))}: "
+            "give --checkpoint.monitor to say which, or the checkpoint's path"
+        )
     # The best monitored value (with save_top_k > 1 the newest file is not the best); ties: the newest.
-    return max(bests)[2]
+    return max(best[1:] for best in bests if best[0] == (monitor if monitor in by else next(iter(by))))[2]
 
 
-def monitored_score(path: Path) -> float | None:
-    """The score (higher is better) of the metric the ModelCheckpoint that saved ``path`` monitored, if it has one."""
+def monitored_score(path: Path) -> tuple[str, float] | None:
+    """The metric the ModelCheckpoint that saved ``path`` monitored, and its score there (higher is better): read
+    from the state, of the file's ModelCheckpoints, whose kept files name it (a second one, a user's, keeps others)."""
     try:
         checkpoint = read_checkpoint(path, tensors=False)
     except CheckpointError as error:  # another best may be the run's: said, not fatal
         rank_zero_warn(f"--ckpt_path best: passing over {printable(str(error))}")
         return None
     for name, state in checkpoint.get("callbacks", {}).items():  # a dict: the layout is checked
-        if str(name).startswith("ModelCheckpoint") and isinstance(state, dict) and state.get("monitor"):
-            score = state.get("current_score")
-            score = torch.as_tensor(score) if isinstance(score, torch.Tensor | float | int) else None
+        if (
+            str(name).startswith("ModelCheckpoint")
+            and isinstance(state, dict)
+            and isinstance(state.get("monitor"), str)
+        ):
+            kept = state.get("best_k_models")
+            kept = (
+                [v for k, v in kept.items() if isinstance(k, str) and Path(k).name == path.name]
+                if isinstance(kept, dict)
+                else []
+            )
+            score = torch.as_tensor(kept[0]) if kept and isinstance(kept[0], torch.Tensor | float | int) else None
             if score is not None and score.numel() == 1 and score.isfinite():  # one number, never an expanded bomb
-                return float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
+                return state["monitor"], float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
     return None
 
 

@@ -491,7 +491,8 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     """What ``--ckpt_path`` (a file, or ``best``/``last`` of the latest run under the user's runs directory) gives
     a command configured by ``config`` (the user's command line and --config files, whose classes it may name)."""
     if ckpt_path in CHECKPOINT_ALIASES:
-        alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config))
+        monitor = (config.get("checkpoint") or {}).get("monitor")  # the best by the command's metric
+        alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config), monitor)
         rank_zero_only(print)(printable(f"--ckpt_path {alias} -> {ckpt_path}"))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")

@@ -24,13 +24,18 @@ def print_evaluated(cli, split: str) -> None:
         print(f"{split}/acc {acc:.4f} on {count} images ({part})")
 
 
+def kept_checkpoints(cli) -> list[ModelCheckpoint | None]:
+    """The run's best-by-validation and last ModelCheckpoints, the recipe's ``checkpoint`` and ``last_checkpoint``
+    (None where checkpointing is off): never one a user adds beside them, keeping bests by another metric."""
+    config = cli.config_init.get(cli.subcommand) if cli.subcommand else cli.config_init
+    found = [config.get(section) for section in ("checkpoint", "last_checkpoint")]
+    return [each if any(each is callback for callback in cli.trainer.callbacks) else None for each in found]
+
+
 def print_summary(cli, run_dir: Path) -> None:
-    # The best-by-validation checkpoint monitors a metric; last.ckpt, written every epoch, none.
-    checkpoints = cli.trainer.checkpoint_callbacks
-    best = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and c.monitor), None)
-    last = next((c for c in checkpoints if isinstance(c, ModelCheckpoint) and not c.monitor), None)
+    best, last = kept_checkpoints(cli)
     lines = [f"run directory    {shown(run_dir)}"]
-    if best is not None and best.best_model_path:
+    if best is not None and best.monitor and best.best_model_path:
         # These paths are a resumed checkpoint's word: a file from elsewhere may have written them.
         lines += [
             f"best checkpoint  {shown(best.best_model_path)}",

@@ -14,10 +14,13 @@ import pytest
 import torch
 from conftest import tiny_args, write_image_folder
 
+from template.checkpoints import find_checkpoint, monitored_score
 from template.cli import cli
 from template.commands import main
 from template.data import DigitsDataModule, ImageFolderDataModule
 from template.options import names_checkpoint
+from template.summary import kept_checkpoints
+from template.tools import fits
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
@@ -312,6 +315,27 @@ def test_a_watcher_of_your_own_metric_against_its_name_is_warned_of(run_cli):
     own = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_err", "--trainer.callbacks.mode"]
     with pytest.warns(UserWarning, match="EarlyStopping watches val_err with mode=max, where its name says lower"):
         run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1", *own, "max", "--trainer.callbacks.strict", "false")
+
+
+def test_a_second_model_checkpoint_of_yours_never_takes_the_place_of_the_recipes_best(run_cli, tmp_path, capsys):
+    """A ModelCheckpoint a user adds (the best train/acc) comes before the recipe's in the callbacks: the summary,
+    --ckpt_path best, cv and sweep took the first monitored one, and ranked runs by its metric as val/acc."""
+    own = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "train/acc"]
+    own += ["--trainer.callbacks.mode", "max", "--trainer.callbacks.filename", "trainacc-{epoch}"]
+    epochs = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    built = run_cli("fit", *epochs, *own)
+    best, last = kept_checkpoints(built)
+    assert (best.monitor, last.monitor, Path(last.best_model_path).name) == ("val/acc", None, "last.ckpt")
+    assert Path(best.best_model_path).name.startswith("best-epoch")
+    assert f"best val/acc     {float(best.best_model_score):.4f}" in capsys.readouterr().out
+    assert find_checkpoint("best", run_cli.runs_dir, "val/acc") == Path(best.best_model_path)
+    with pytest.raises(FileNotFoundError, match="holds best checkpoints by train/acc, val/acc: give --checkpoint"):
+        find_checkpoint("best", run_cli.runs_dir)  # export's: no metric to choose by
+    scored = fits.fit([*tiny_args(tmp_path / "runs"), *epochs, *own], ("cv", "fold_0"))
+    assert (
+        Path(scored.best_checkpoint).name.startswith("best-epoch")
+        and scored.score == monitored_score(Path(scored.best_checkpoint))[1]
+    )
 
 
 def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):

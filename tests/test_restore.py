@@ -461,18 +461,24 @@ LIGHTNING = {"pytorch-lightning_version": "2.6", "state_dict": {}}  # what every
 def test_best_is_the_best_monitored_value_not_the_newest_file(tmp_path):
     directory = tmp_path / "runs" / "digits" / "version_0" / "checkpoints"
     directory.mkdir(parents=True)
+
+    def state(metric: str, name: str, score: torch.Tensor) -> dict:  # as the ModelCheckpoint that saved it keeps it
+        return {"monitor": metric, "current_score": score, "best_k_models": {str(directory / f"{name}.ckpt"): score}}
+
     key = "ModelCheckpoint{'monitor': 'val/acc', 'mode': 'max', 'every_n_train_steps': 0}"
     for name, score in (("best-epoch001", 0.9), ("best-epoch002", 0.95), ("best-epoch003", 0.91)):
-        state = {key: {"monitor": "val/acc", "current_score": torch.tensor(score)}}
-        torch.save({"callbacks": state, **LIGHTNING}, directory / f"{name}.ckpt")
+        torch.save(
+            {"callbacks": {key: state("val/acc", name, torch.tensor(score))}, **LIGHTNING}, directory / f"{name}.ckpt"
+        )
     torch.save({"callbacks": {}}, directory / "last.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch002.ckpt"
     low = "ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min', 'every_n_train_steps': 0}"
     for name, score in (("best-epoch001", 0.3), ("best-epoch002", 0.5), ("best-epoch003", 0.4)):
-        state = {low: {"monitor": "val/loss", "current_score": torch.tensor(score)}}
-        torch.save({"callbacks": state, **LIGHTNING}, directory / f"{name}.ckpt")
+        torch.save(
+            {"callbacks": {low: state("val/loss", name, torch.tensor(score))}, **LIGHTNING}, directory / f"{name}.ckpt"
+        )
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"
-    bomb = {low: {"monitor": "val/loss", "current_score": torch.zeros(1).expand(1 << 34)}}  # 16 GiB if compared
+    bomb = {low: state("val/loss", "best-epoch004", torch.zeros(1).expand(1 << 34))}  # 16 GiB if compared
     torch.save({"callbacks": bomb, **LIGHTNING}, directory / "best-epoch004.ckpt")
     assert find_checkpoint("best", tmp_path / "runs").name == "best-epoch001.ckpt"  # not a score: not the best
     torch.save([1, 2], directory / "best-epoch005.ckpt")  # no checkpoint: passed over, said

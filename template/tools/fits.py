@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template.callbacks.run_record import run_directory
 from template.cli import cli
 from template.runs import DEFAULT_RUNS_DIR, is_tensorboard, loggers_of, run_name_of, runs_dir
+from template.summary import kept_checkpoints
 
 
 @dataclass
@@ -81,8 +81,8 @@ def fit(fit_args: list[str], run_name: tuple[str, str], callbacks: tuple = ()) -
     """Run ``template fit`` with ``fit_args`` in runs/<run_name[0]>/<run_name[1]>."""
     built = cli(["fit", *fit_args], run_name=run_name, callbacks=callbacks)
     trainer = built.trainer
-    best = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.monitor), None)
-    if best is None:
+    best = kept_checkpoints(built)[0]
+    if best is None or not best.monitor:
         raise ValueError("the run kept no best checkpoint (trainer.enable_checkpointing false?): nothing to compare")
     score = None if best.best_model_score is None else float(best.best_model_score)
     return Fit(score, str(run_directory(trainer)), best.best_model_path)

@@ -146,11 +146,11 @@ def checked_params(trial, space: dict[str, dict], source: str, error: type[Excep
     return params
 
 
-def checked_run(trial, run_dir: Path, sign: float, source: str) -> None:
+def checked_run(trial, run_dir: Path, sign: float, monitor: str, source: str) -> None:
     """A trial's value as its run's best checkpoint recorded it: any worker can write a trial, with any value, into the
     study's database; only a run here backs it (another machine's, on no shared folder, is passed over too)."""
     bests = [path for path in run_dir.glob("checkpoints/**/*.ckpt") if path.stem not in ("last", "preempted")]
-    scores = [sign * score for path in bests if (score := monitored_score(path)) is not None]
+    scores = [sign * scored[1] for path in bests if (scored := monitored_score(path)) and scored[0] == monitor]
     if not (run_dir / "config.yaml").is_file() or not any(math.isclose(score, trial.value) for score in scores):
         raise ValueError(f"refusing {source}: {run_dir} has no config.yaml and best checkpoint of {trial.value!r}")
 
@@ -354,7 +354,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         source = f"trial {best.number} of study {study.study_name}"
         try:
             params = checked_params(best, space, source)
-            checked_run(best, run_dirs[best.number], 1.0 if maximize else -1.0, source)
+            checked_run(best, run_dirs[best.number], 1.0 if maximize else -1.0, monitor, source)
             break
         except ValueError as error:
             console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
