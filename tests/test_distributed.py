@@ -194,6 +194,17 @@ def test_global_batch_is_shared_out_across_processes(global_batch, world_size, e
 def test_a_global_batch_that_does_not_divide_is_a_clear_error():
     with pytest.raises(ValueError, match=r"global_batch_size=100 does not divide by the 3 processes.*e.g. 102"):
         DigitsDataModule(global_batch_size=100).device_batch_size(3)
+    with pytest.raises(ValueError, match=r"batch_size=64 does not divide by the 3 processes.*e.g. 66"):
+        DigitsDataModule(global_batch_size="batch_size").device_batch_size(3)
+
+
+@pytest.mark.parametrize("given, per_device", [([], 32), (["--data.batch_size", "32"], 16)])
+def test_the_ddp_config_shares_out_the_runs_own_batch(given, per_device):
+    """configs/trainer/ddp.yaml composed with any run: its batch (the digits' 64, or one given) is the global batch;
+    it once set 512 whatever the run's, and a --data.batch_size given beside it was ignored without a word."""
+    ddp = ["--config", str(REPO / "configs/trainer/ddp.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    built = cli_module.cli([*ddp, *given], run=False)
+    assert built.datamodule.device_batch_size(built.trainer.world_size) == per_device
 
 
 def test_slurm_script_is_valid_and_asks_for_lightnings_requeue_signal():

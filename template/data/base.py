@@ -4,6 +4,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from numbers import Integral
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -98,8 +99,9 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     Args:
         batch_size: images per batch on each device.
-        global_batch_size: images per optimizer step across all devices; when set, each device gets
-            ``global_batch_size / world_size`` (batch_size is ignored): the same recipe on any number of GPUs.
+        global_batch_size: images per optimizer step across all devices, each device getting ``global_batch_size /
+            world_size`` (batch_size is ignored): the same recipe on any number of GPUs. ``batch_size``: the run's
+            batch_size is that global batch (``configs/trainer/ddp.yaml``); None: batch_size on each device.
         num_workers: DataLoader worker processes; 0 loads in the main process.
         crop_padding: pixels of reflect padding for the random crop; 0: off.
         crop_scale: a random-resized crop instead (torchvision's RandomResizedCrop): the range of its share
@@ -130,7 +132,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
         num_workers: int = 0,
         crop_padding: int = 0,
         hflip: Flip = False,
-        global_batch_size: int | None = None,
+        global_batch_size: int | Literal["batch_size"] | None = None,
         crop_scale: tuple[float, float] | None = None,
         crop_ratio: tuple[float, float] = RATIO,
         policy: Policy | None = None,
@@ -141,7 +143,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         fold: int = 0,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or (global_batch_size is not None and global_batch_size < 1):
+        counted = global_batch_size in (None, "batch_size") or isinstance(global_batch_size, int)
+        if batch_size < 1 or not counted or isinstance(global_batch_size, int) and global_batch_size < 1:
             raise ValueError(f"batch sizes must be at least 1, got {batch_size} and {global_batch_size}")
         if crop_scale is not None and not 0 < crop_scale[0] <= crop_scale[1] <= 1:
             raise ValueError(f"crop_scale={list(crop_scale)} must be a range within (0, 1], e.g. [0.08, 1]")
@@ -319,16 +322,21 @@ class ImageDataModule(L.LightningDataModule, ABC):
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
     def device_batch_size(self, world_size: int) -> int:
-        """Images per batch on each device: batch_size, or global_batch_size shared out."""
+        """Images per batch on each device: batch_size, or the global batch shared out."""
         if self.global_batch_size is None:
             return self.batch_size
-        if self.global_batch_size % world_size:
+        name, total = self.global_option()
+        if total % world_size:
             raise ValueError(
-                f"global_batch_size={self.global_batch_size} does not divide by the {world_size} processes "
-                f"(devices x nodes); use a multiple of {world_size}, e.g. "
-                f"{(self.global_batch_size // world_size + 1) * world_size}"
+                f"{name}={total} does not divide by the {world_size} processes (devices x nodes); use a multiple of "
+                f"{world_size}, e.g. {(total // world_size + 1) * world_size}"
             )
-        return self.global_batch_size // world_size
+        return total // world_size
+
+    def global_option(self) -> tuple[str, int]:
+        """The option that gives the global batch, and its size."""
+        shared = self.global_batch_size == "batch_size"
+        return ("batch_size", self.batch_size) if shared else ("global_batch_size", self.global_batch_size)
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
@@ -339,12 +347,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
         full_batches, rest = divmod(len(dataset) // world_size, batch_size)
         drop_last = rest < batch_size / 2
         if train and full_batches == 0 and drop_last:
-            option = "global_batch_size" if self.global_batch_size is not None else "batch_size"
-            shared = f" over {world_size} device(s), {batch_size} each" if option == "global_batch_size" else ""
+            option, size = self.global_option() if self.global_batch_size is not None else ("batch_size", batch_size)
+            shared = f" over {world_size} device(s), {batch_size} each" if self.global_batch_size is not None else ""
             raise ValueError(
                 f"the {split} split has {len(dataset)} images for {world_size} device(s), under half a batch each "
-                f"(data.{option}={getattr(self, option)}{shared}): there would be no training batch; "
-                f"lower data.{option}"
+                f"(data.{option}={size}{shared}): there would be no training batch; lower data.{option}"
             )
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         rank = self.trainer.global_rank if self.trainer is not None else 0
