@@ -106,7 +106,7 @@ class ClassificationCLI(LightningCLI):
             warnings.filterwarnings(
                 "ignore", message="The dirpath has changed from|Be aware that when using `ckpt_path`"
             )
-        options.settle_trainer(config.trainer)
+        options.settle_trainer(config.trainer, config.get("last_checkpoint"))
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         if self.restored and self.subcommand == "fit":
             check_resumed_training(self.restored, config.model.as_dict())

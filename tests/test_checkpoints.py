@@ -20,6 +20,7 @@ from template.checkpoints import (
     check_checkpoint_is_safe,
     check_hub_file,
     check_like,
+    find_checkpoint,
     load_checkpoint,
     load_weights,
 )
@@ -169,6 +170,15 @@ def doctored_checkpoint(tmp_path):
     state = {f"net.{k}": v for k, v in ResNetSmall(10, 1).state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": {"payload": Payload(marker)}}, path)
     return path, marker
+
+
+def test_last_ckpt_holds_the_last_epoch_when_validation_skips_it(run_cli):
+    """ModelCheckpoint saves at validation's end unless told otherwise: with check_val_every_n_epoch 2, epoch 2 of
+    three (step 6) was in no file, and `--ckpt_path last` evaluated epoch 1's weights."""
+    every_other = ["--trainer.check_val_every_n_epoch", "2", "--trainer.limit_val_batches", "1"]
+    built = run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", *every_other)
+    last = torch.load(find_checkpoint("last", run_cli.runs_dir), map_location="cpu", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (2, built.trainer.global_step) == (2, 6)
 
 
 def test_the_doctored_checkpoint_really_runs_code_when_unpickled(tmp_path):
