@@ -17,6 +17,7 @@ from torch import nn
 
 from template.checkpoints import CHECKPOINT_ALIASES, CheckpointError, find_checkpoint, load_weights, read_checkpoint
 from template.cli import PROGRAM
+from template.evaluation import multi_crop_logits
 from template.files import replaced_atomically
 from template.module import ClassificationModule
 from template.restore import OWN_OPTIONS, build, restore
@@ -71,6 +72,17 @@ def export_onnx(net: nn.Module, path: Path, example: torch.Tensor, metadata: dic
     return run, session.get_modelmeta().custom_metadata_map
 
 
+class MultiCrop(nn.Module):
+    """The network as its module evaluates it (``test``, ``predict``): the mean logits of its test-time views."""
+
+    def __init__(self, net: nn.Module, flip: bool, translate: int) -> None:
+        super().__init__()
+        self.net, self.flip, self.translate = net, flip, translate
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return multi_crop_logits(self.net, images, self.flip, self.translate)
+
+
 def export(
     ckpt_path: str | Path,
     fmt: str,
@@ -83,7 +95,8 @@ def export(
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     restored = restore(ckpt_path, ClassificationModule, None, fit=False, own=own)  # names and literals: nothing run
-    spec, hparams = restored.config.get("model", {}).get("init_args", {}).get("net"), restored.trained
+    module_args, hparams = restored.config.get("model", {}).get("init_args", {}), restored.trained
+    spec = module_args.get("net")
     if not isinstance(spec, dict):
         raise ValueError(
             f"{restored.path} does not say which network it holds (no net in its hyper-parameters); "
@@ -118,25 +131,35 @@ def export(
     else:
         metadata["preprocessing"] = json.dumps(preprocessing)
     example = torch.randn(2, *hparams["input_shape"])
+    # Test-time augmentation as the module evaluates: in a TorchScript or ONNX graph, in a safetensors file's metadata.
+    tta = {"flip": module_args.get("flip_tta") is True, "translate": module_args.get("tta_translate") or 0}
+    evaluated = MultiCrop(net, **tta) if any(tta.values()) and fmt != "safetensors" else net
+    metadata |= {"tta": json.dumps(tta)} if any(tta.values()) else {}
     with replaced_atomically(path) as written:  # checked before it takes the name: a failed export leaves no file
         if fmt == "safetensors":
             exported, carried = export_safetensors(net, written, spec, list(hparams["input_shape"]), metadata)
         elif fmt == "torchscript":
-            exported, carried = export_torchscript(net, written, example, metadata)
+            exported, carried = export_torchscript(evaluated, written, example, metadata)
         else:
-            exported, carried = export_onnx(net, written, example, metadata)
+            exported, carried = export_onnx(evaluated, written, example, metadata)
         if lost := [key for key, value in metadata.items() if carried.get(key) != value]:
             raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
         # Parity on a fresh batch of another size than the example (dynamic batch dimension).
         batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
-            difference = (exported(batch).float() - net(batch).float()).abs().max().item()
+            difference = (
+                (exported(batch).float() - (net if fmt == "safetensors" else evaluated)(batch)).abs().max().item()
+            )
         print(
             f"parity: max |exported - original| = {difference:.3g} on a batch of {len(batch)} (tolerance {tolerance:g})"
         )
         if not difference <= tolerance:
             raise RuntimeError(f"the {fmt} export differs from the original by {difference:.3g} > {tolerance:g}")
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    kept = "in its metadata (tta): a reader applies it" if fmt == "safetensors" else "in the graph, as predict runs it"
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)"
+        + f"; test-time augmentation {tta} {kept}" * any(tta.values())
+    )
     return path
 
 

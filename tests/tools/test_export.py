@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import write_image_folder
+from conftest import tiny_args, write_image_folder
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 from template.checkpoints import load_checkpoint, load_weights
 from template.commands import main
 from template.data.preprocessing import recorded_preprocessing
+from template.evaluation import multi_crop_logits
+from template.module import ClassificationModule
 from template.nets import ResNetSmall
 from template.tools.export import FORMATS, export
 
@@ -82,6 +84,30 @@ def test_safetensors_file_loads_into_a_fresh_network(checkpoint, tmp_path):
     assert json.loads(metadata["class_names"]) == [str(digit) for digit in range(10)]
     assert json.loads(metadata["net"])["class_path"] == "template.nets.ResNetSmall"
     assert json.loads(metadata["preprocessing"]) == recorded_preprocessing(load_checkpoint(checkpoint))
+
+
+def test_an_export_evaluates_as_predict_does_with_the_checkpoints_test_time_augmentation(tmp_path):
+    """flip_tta and tta_translate: test and predict average views of each image; the bare network's export
+    disagreed with them on a third of the digits, while its parity check compared it with the bare network."""
+    from template.cli import cli
+
+    quick = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"]
+    cli(["fit", *tiny_args(tmp_path / "runs"), *quick, "--model.flip_tta", "true", "--model.tta_translate", "1"])
+    checkpoint = next((tmp_path / "runs").glob("digits/version_0/checkpoints/last.ckpt"))
+    module = ClassificationModule.load_from_checkpoint(checkpoint).eval()
+    images = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, bare = multi_crop_logits(module, images, True, 1), module(images)
+        for fmt in ("torchscript", "onnx"):
+            path = export(checkpoint, fmt, tmp_path / f"net{FORMATS[fmt]}")
+            if fmt == "torchscript":
+                logits = torch.jit.load(str(path))(images)
+            else:
+                session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                logits = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images.numpy()})[0])
+            assert torch.allclose(logits, expected, atol=1e-4) and not torch.allclose(logits, bare, atol=1e-4), fmt
+    with safe_open(str(export(checkpoint, "safetensors", tmp_path / "net.safetensors")), "pt") as file:
+        assert json.loads(file.metadata()["tta"]) == {"flip": True, "translate": 1}
 
 
 def test_a_parity_failure_fails_the_export_and_leaves_no_file(checkpoint, tmp_path):
