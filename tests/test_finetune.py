@@ -220,6 +220,22 @@ def test_pretrained_weights_set_the_image_size_unless_it_is_given(tmp_path, monk
         assert built.config.data.init_args.image_size == size  # config.yaml records the size used
 
 
+def test_the_backbone_is_everything_but_the_head_where_the_head_shares_a_sequential_with_it():
+    """One ``layers`` Sequential, the head its last layer: the top-level children held the head, none froze."""
+    from template.nets.pretrained import backbone_of
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.BatchNorm2d(1)
+            layers = [torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 2)]
+            self.layers = torch.nn.Sequential(*layers)
+
+    net = Net()
+    frozen = {id(p) for part in backbone_of(net) for p in part.parameters()}
+    assert frozen == {id(p) for p in [*net.scale.parameters(), *net.layers[0].parameters()]}
+
+
 def test_unfreezing_leaves_the_networks_own_fixed_parameters_fixed():
     from types import SimpleNamespace
 

@@ -105,6 +105,12 @@ def head_name(net: nn.Module) -> str:
 
 
 def backbone_of(net: nn.Module) -> list[nn.Module]:
-    """Every top-level child of ``net`` but the one that holds its classifier (``head_name``)."""
+    """Every part of ``net`` but its classifier (``head_name``): the children of each module that holds the head,
+    down to it (the layers beside it in a ``Sequential`` too)."""
     head = net.get_submodule(head_name(net))
-    return [module for module in net.children() if module is not head and head not in list(module.modules())]
+
+    def parts(module: nn.Module) -> list[nn.Module]:
+        holds = [child for child in module.children() if any(each is head for each in child.modules())]
+        return [part for child in module.children() for part in (parts(child) if child in holds else [child])]
+
+    return [part for part in parts(net) if part is not head]
