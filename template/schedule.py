@@ -7,6 +7,7 @@ import pkgutil
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torch.optim import Optimizer
@@ -169,7 +170,10 @@ def run_end(trainer: Any) -> float:
 def check_plan(trainer: Any) -> None:
     """Hold each scheduler's plan to the run it steps through, before training: ``total_steps`` short of the run is
     an error (the rest would train at the schedule's floor; OneCycleLR fails there), a plan the run does not play out
-    as written a warning (``max_steps`` may stop it early on purpose). A run of no set length goes unchecked."""
+    as written a warning (``max_steps`` may stop it early on purpose). A run of no set length goes unchecked, and one
+    under StochasticWeightAveraging: its SWALR takes over the schedule, and its BatchNorm epoch takes no step."""
+    if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
+        return
     for config in trainer.lr_scheduler_configs:
         resumed = config.scheduler.__dict__.pop("resumed", False)
         step = config.interval == "step"

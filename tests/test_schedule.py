@@ -135,6 +135,14 @@ def plan_warnings(scheduler, interval: str = "epoch", max_epochs: int = 3) -> li
     return [str(warning.message) for warning in caught]
 
 
+def test_stochastic_weight_averaging_trains_with_the_recipes_schedule(run_cli):
+    """SWA adds an epoch (its BatchNorm update, no optimizer step) once the schedule has planned the run: the plan's
+    check counted it as 4 steps the schedule did not cover, and refused the run, blaming a total_steps never given."""
+    swa = ["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs", "0.001"]
+    built = run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4", *swa)
+    assert built.trainer.current_epoch == 4 and "val/acc" in built.trainer.callback_metrics  # 3 epochs, and SWA's
+
+
 def test_a_schedule_the_run_cannot_play_out_as_written_is_named_in_a_warning():
     lr = torch.optim.lr_scheduler
     unfit = {
