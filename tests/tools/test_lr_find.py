@@ -1,0 +1,24 @@
+import csv
+import re
+
+import numpy as np
+
+from template.commands import main
+from template.tools.lr_find import steepest
+
+
+def test_the_suggestion_is_the_steepest_descent_per_decade_not_a_wobble_at_the_lowest_rates():
+    lrs = np.logspace(-6, 0, 100)
+    wobble = 0.003 * np.sin(np.arange(100)) * (lrs < 1e-4)  # noise where the loss has not started to fall
+    losses = 2.5 - 1 / (1 + np.exp(-3 * (np.log10(lrs) + 2.5))) + wobble  # falls fastest at 10 ** -2.5
+    assert 2e-3 < steepest(list(lrs), list(losses)) < 5e-3
+
+
+def test_lr_find_prints_and_draws_the_steepest_descent_of_its_curve(run_cli, capsys):
+    main(["lr-find", *run_cli.tiny_args, "--num_training", "60"])
+    suggested = float(re.search(r"suggested lr: (\S+)", capsys.readouterr().out)[1])
+    (curve,) = run_cli.runs_dir.glob("*/*/lr_find.csv")
+    rows = list(csv.DictReader(curve.open()))
+    best = steepest([float(row["lr"]) for row in rows], [float(row["loss"]) for row in rows])
+    assert suggested == float(f"{best:.3g}") and 3e-4 < suggested < 0.3  # not Lightning's 6e-05 on the digits
+    assert (curve.parent / "lr_find.png").stat().st_size > 10_000
