@@ -21,6 +21,7 @@ MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
 RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
 DRAWN_BY = ("split_seed", "val_fraction", "test_fraction")  # the options that draw val and test from train/
+FRACTION = 0.1  # of train/ held out for val and for test, where no folder holds them
 MAX_DEPTH = 32  # folder levels below a listed folder: image folders nest a few (photos/2024/06/), never dozens
 
 
@@ -140,8 +141,8 @@ class ImageFolderDataModule(ImageDataModule):
         resize_size: int | tuple[int, int] | None = None,
         interpolation: Literal["bilinear", "bicubic"] | None = None,
         channels: Literal["rgb", "grayscale"] = "rgb",
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_fraction: float = FRACTION,
+        test_fraction: float = FRACTION,
         split_seed: int = 0,
         num_workers: int = 2,
         cache: bool | None = None,
@@ -231,6 +232,19 @@ class ImageFolderDataModule(ImageDataModule):
                 )
         if problems:
             raise ValueError(self._with_unreadable(problems, folders))
+        for split in [split for split in ("val", "test") if split in folders]:  # a folder: not drawn, nor stratified
+            fraction = getattr(self, f"{split}_fraction")
+            if absent := sorted(known - set(folders[split])):
+                rank_zero_warn(
+                    describe(
+                        absent,
+                        f"class(es) without a folder in {shown(self.root / split, False)}, left out of {split}/acc",
+                    )
+                )
+            if fraction not in (0, FRACTION):
+                rank_zero_warn(
+                    f"data.{split}_fraction={fraction} is not used: {shown(self.root / split, False)} is the {split} split"
+                )
         return folders
 
     def _with_unreadable(self, problems: list[str], folders: dict, checked: str | None = None) -> str:

@@ -142,9 +142,14 @@ def test_a_test_fraction_outside_0_to_1_is_refused(image_folder, tmp_path):
 def test_a_val_folder_is_used_as_it_is(image_folder, tmp_path):
     (image_folder / "val" / "cat").mkdir(parents=True)
     Image.new("RGB", (8, 8)).save(image_folder / "val" / "cat" / "only.png")
-    data = module(image_folder, tmp_path)
+    with pytest.warns(
+        UserWarning, match=r"2 class\(es\) without a folder in .*val, left out of val/acc:\n  dog\n  owl"
+    ):
+        data = module(image_folder, tmp_path)
     data.setup("fit")
     assert len(data.datasets["val"]) == 1 and len(data.datasets["train"]) == 36
+    with pytest.warns(UserWarning, match=r"data.val_fraction=0.3 is not used: .*val is the val split"):
+        module(image_folder, tmp_path, val_fraction=0.3)  # a share of train/ asked for, where val/ decides
 
 
 def cached_files(tmp_path: Path) -> set[str]:
