@@ -26,7 +26,7 @@ from template.nets.pretrained import head_name, pretrained
 from template.nets.shape import check_fits, check_given, network_arguments
 from template.options import DEFAULT_CONFIG, EXTRA_COMMANDS, TRACEBACK_VARIABLE, wants_traceback
 from template.plugins import SyncBatchNorm
-from template.restore import Restored, check_resumed_training, fit_data, for_command
+from template.restore import Restored, check_restored_model, fit_data, for_command
 from template.runs import place_run
 from template.summary import print_evaluated, print_summary
 
@@ -108,8 +108,8 @@ class ClassificationCLI(LightningCLI):
             )
         options.settle_trainer(config.trainer, config.get("last_checkpoint"))
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
-        if self.restored and self.subcommand == "fit":
-            check_resumed_training(self.restored, config.model.as_dict())
+        if self.restored:
+            check_restored_model(self.restored, config.model.as_dict(), resuming=self.subcommand == "fit")
         place_run(config, self.run_name, resumed, self.restored.path if self.restored else None)
 
     def instantiate_classes(self) -> None:

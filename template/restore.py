@@ -540,12 +540,23 @@ def importable(name: str) -> str | None:
     return name if module == "__main__" else f"{module}.{entry[1].__qualname__}"  # a script's: no other process has it
 
 
-def check_resumed_training(restored: Restored, model: dict) -> None:
-    """Refuse to resume with optimizer or schedule settings other than the checkpoint's: the optimizer's state and the
-    schedule it saved are restored over them, so they would never take effect while the run's record said they had."""
-    saved = restored.config.get("model", {}).get("init_args", {})
+def check_restored_model(restored: Restored, model: dict, resuming: bool) -> None:
+    """Refuse another network than the checkpoint's (its tensors load into the one it was trained as) and, to resume,
+    optimizer or schedule settings other than its: the optimizer's state and the schedule it saved are restored over
+    them, so they would never take effect while the run's record said they had."""
+    saved, given = restored.config.get("model", {}).get("init_args", {}), model.get("init_args") or {}
+    net, other = ((each.get("net") or {}).get("class_path") for each in (saved, given))
+    same = (registry().get(net, (None, net))[1] is registry().get(other, (None, other))[1]) if net and other else True
+    if not same and net != other:  # one class by either of its names (template.nets.ResNetSmall, its module's)
+        raise ValueError(
+            f"{restored.path} holds the weights of a {net}, not of the {other} that model.net names: leave --model.net "
+            f"out (a checkpoint is evaluated and resumed as the network it was trained as); if {other} is that class "
+            f"moved, register it under its old name: template.restore.register(..., name={net!r})"
+        )
+    if not resuming:
+        return
     saved = {key: saved[key] for key in RESUMED_TRAINING if key in saved}  # a record without one: nothing to hold
-    if changes := differences(saved, model.get("init_args") or {}, "model"):
+    if changes := differences(saved, given, "model"):
         raise ValueError(
             f"{restored.path}: a resume continues the optimizer and schedule its checkpoint saved, so these settings "
             f"would not take effect: {'; '.join(changes)}. Leave them out to resume; to train on with them, start a "

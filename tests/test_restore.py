@@ -1036,6 +1036,16 @@ def test_a_runs_settings_out_of_range_are_refused_naming_config_yaml(
     assert f"refusing {run_dir / 'config.yaml'}: its {key} is {value!r}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("entry", ["test", "fit"])
+def test_another_network_named_beside_a_checkpoint_is_refused_naming_both(trained, tmp_path, capsys, entry):
+    """Its tensors would not load into it: the error was 47 lines of size mismatches, naming neither network."""
+    with pytest.raises(SystemExit):
+        enter(entry, trained, tmp_path, "--model.net", "template.nets.ResNet18")
+    error = capsys.readouterr().err
+    assert "holds the weights of a template.nets.ResNetSmall, not of the template.nets.ResNet18" in error
+    assert "size mismatch" not in error and not (tmp_path / "runs").exists()
+
+
 def test_a_dangling_link_where_the_next_version_would_go_is_passed_over(trained, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
