@@ -318,9 +318,11 @@ class ImageFolderDataModule(ImageDataModule):
                 "no images to read: give --data.root DIR, the folder that holds train/<class>/ (val/, test/ if any)"
             )
         if split not in self.folders:
-            or_else = ", set data.test_fraction above 0, or run validate" if split == "test" else ""
+            # A trained run's share of train/ is its training's: a test share of it is held out only by a new fit.
+            fit = ", or run validate (a new fit with data.test_fraction above 0 holds out a share of train/)"
             raise FileNotFoundError(
-                f"no {split}/ folder in {described(self.root)}: add {split}/<class>/<image files>{or_else}"
+                f"no {split}/ folder in {described(self.root)}: add {split}/<class>/<image files>"
+                + f" of images the model never trained on{fit}" * (split == "test")
             )
         classes = self.folders[split]
         files = [path for name in sorted(classes) for path in classes[name]]

@@ -323,7 +323,10 @@ def test_a_single_class_is_refused_before_training(tmp_path):
 
 def test_missing_test_images_and_predict_images_say_what_to_do(image_folder, tmp_path):
     shutil.rmtree(image_folder / "test")
-    with pytest.raises(FileNotFoundError, match=r"no test/ folder in .*test/<class>/.*test_fraction above 0.*validate"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no test/ folder in .*test/<class>/.* never trained on, or run validate \(a new fit with data.test_fraction above 0",
+    ):
         module(image_folder, tmp_path, test_fraction=0).setup("test")
     with pytest.raises(ValueError, match="predict needs images: set data.*predict_path to a folder"):
         module(image_folder, tmp_path).setup("predict")
