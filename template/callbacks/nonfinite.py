@@ -21,8 +21,8 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
         place = f"at global step {where[0]}, epoch {where[1]}, batch index {where[2]} "
         place += f"(loss={loss:.4g}, gradient norm={grad_norm:.4g})"
     raise NonFiniteError(
-        f"non-finite {what} {place}; {how}, so the checkpoints written before it are good. Lower the learning rate, clip "
-        "gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip such steps."
+        f"non-finite {what} {place}; {how}, so the checkpoints written before it are good. Lower the learning "
+        "rate, clip gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip them."
     )
 
 

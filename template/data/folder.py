@@ -243,7 +243,7 @@ class ImageFolderDataModule(ImageDataModule):
                 )
             if fraction not in (0, FRACTION):
                 rank_zero_warn(
-                    f"data.{split}_fraction={fraction} is not used: {shown(self.root / split, False)} is the {split} split"
+                    f"data.{split}_fraction={fraction} is not used: {shown(self.root / split, False)} is the split"
                 )
         return folders
 

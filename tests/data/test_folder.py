@@ -148,7 +148,7 @@ def test_a_val_folder_is_used_as_it_is(image_folder, tmp_path):
         data = module(image_folder, tmp_path)
     data.setup("fit")
     assert len(data.datasets["val"]) == 1 and len(data.datasets["train"]) == 36
-    with pytest.warns(UserWarning, match=r"data.val_fraction=0.3 is not used: .*val is the val split"):
+    with pytest.warns(UserWarning, match=r"data.val_fraction=0.3 is not used: .*val is the split"):
         module(image_folder, tmp_path, val_fraction=0.3)  # a share of train/ asked for, where val/ decides
 
 
