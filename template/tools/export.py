@@ -112,6 +112,8 @@ def export(
     path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])
     if path.is_dir():
         raise ValueError(f"--output {path} is a folder: give the file to write, e.g. {path / ('net' + FORMATS[fmt])}")
+    if other := next((name for name, suffix in FORMATS.items() if name != fmt and path.name.endswith(suffix)), None):
+        raise ValueError(f"--output {path} is named as {other}, and this export writes {fmt}: name it *{FORMATS[fmt]}")
     # What a deployment needs beside the network; the defaults of the module for unnamed classes.
     class_names = hparams.get("class_names") or [str(index) for index in range(hparams["num_classes"])]
     metadata = {"class_names": json.dumps(class_names)}

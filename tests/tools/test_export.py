@@ -49,9 +49,12 @@ def umask_022():
     os.umask(previous)
 
 
-def test_an_output_that_is_a_folder_is_named_so(checkpoint, tmp_path):
+def test_an_output_that_is_a_folder_or_named_as_another_format_is_named_so(checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"--output .* is a folder: give the file to write, e.g. .*net.safetensors"):
         export(checkpoint, "safetensors", tmp_path)
+    with pytest.raises(ValueError, match=r"model.onnx is named as onnx, and this export writes torchscript: name it"):
+        export(checkpoint, "torchscript", tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
