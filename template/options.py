@@ -59,6 +59,8 @@ def condense(message: str) -> str:
     if "Option 'class_path' is not accepted" in reason and "under init_args" not in reason:
         # class_path beside its arguments, all read as arguments (a nested error's message arrives here condensed)
         reason += ". A class's arguments go under init_args: {class_path: NAME, init_args: {ARGUMENT: VALUE}}"
+    if "does not correspond to a subclass of ImageDataModule" in reason:  # a plain LightningDataModule
+        reason += ": a DataModule here extends template.data.ImageDataModule (README: Swap the data)"
     return f"{'.'.join(keys)}: {reason}"
 
 

@@ -338,6 +338,16 @@ def test_a_second_model_checkpoint_of_yours_never_takes_the_place_of_the_recipes
     )
 
 
+def test_a_plain_lightning_datamodule_is_told_which_class_to_extend(tmp_path, monkeypatch, capsys):
+    (tmp_path / "plain_data.py").write_text(
+        "import lightning as L\n\n\nclass PlainData(L.LightningDataModule):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit):
+        main(["fit", *tiny_args(tmp_path / "runs"), "--data", "plain_data.PlainData"])
+    assert "extends template.data.ImageDataModule (README: Swap the data)" in capsys.readouterr().err
+
+
 def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):
     run_cli("fit", "--trainer.logger", "false", *QUICK, "--trainer.limit_val_batches", "1")
     out = capsys.readouterr().out
