@@ -1,6 +1,7 @@
 """What every image source shares: stratified splits, loaders of whole uint8 batches, the device-side batch hook."""
 
 import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from numbers import Integral
@@ -404,6 +405,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 "epoch and samples_consumed, whole numbers from 0"
             )
         self._resume_state = resume
+        if resume and type(self).train_dataloader is ImageDataModule.train_dataloader:  # its order: ResumableSampler's
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         if "preprocessing" in state:
             self.use_preprocessing(state["preprocessing"])
 

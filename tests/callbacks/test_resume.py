@@ -213,6 +213,13 @@ def test_a_sigterm_within_a_group_of_accumulated_gradients_stops_once_the_group_
 
 
 @pytest.mark.slow
+def test_a_mid_epoch_resume_does_not_relay_lightnings_warning_of_an_unresumable_loader(run_cli, recwarn):
+    """The DataModule resumes the training order itself (its state: ResumableSampler), which Lightning cannot see."""
+    run_cli("fit", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1")  # the digits: 18 steps an epoch
+    run_cli("fit", "--ckpt_path", "last", "--trainer.max_steps", "5", "--trainer.limit_val_batches", "1")
+    assert not [warning for warning in recwarn if "not resumable" in str(warning.message)]
+
+
 def test_resuming_with_more_epochs_replans_the_schedule_over_the_new_total(run_cli):
     short = ["--trainer.limit_train_batches", "6", "--trainer.log_every_n_steps", "1"]
     run_cli("fit", "--trainer.max_epochs", "2", *short)
