@@ -20,13 +20,14 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from template.checkpoints import DamagedCheckpointError
 from template.compat import logged_params
 from template.files import read_at_most, write_atomic
+from template.text import printable
 
 TRACKER_RUNS = "trackers.json"
 # Logger arguments that name the run a logger writes into: TensorBoard's version, MLflow's run, W&B's.
 RUN_IDS = ("version", "run_id", "id")
 TRACKER_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # MLflow's hex ids, W&B's base-36 ones
-# A secret a run directory shares with its MLflow run (a tag there, "token" in trackers.json): a resume logs on into
-# an MLflow run only if it holds the token, not into whichever run a received trackers.json names (a colleague's).
+# A token a run directory shares with its MLflow run (a tag there, "token" in trackers.json): a resume logs on into
+# an MLflow run only if it holds the token, not into whichever run a trackers.json names (a colleague's run's id).
 TOKEN_TAG = "template.run_token"
 # The most trackers.json may take, read whole: a tracker's entry (its class, an id) takes under 300 bytes.
 MAX_TRACKER_RUNS_BYTES = 1 << 16
@@ -101,19 +102,26 @@ def continue_tracker_runs(trackers: list[Namespace], run_dir: Path, runs: Path) 
         for argument, run_id in entry.items():
             if argument not in init_args or init_args.get(argument):
                 continue
-            if issubclass(cls, loggers.MLFlowLogger) and not holds_token(mlflow_uri(init_args, runs), run_id, token):
+            if issubclass(cls, loggers.MLFlowLogger) and (why := not_ours(mlflow_uri(init_args, runs), run_id, token)):
                 rank_zero_warn(
-                    f"MLflow run {run_id}, which {run_dir / TRACKER_RUNS} names, does not hold this run directory's "
-                    f"token (tag {TOKEN_TAG}): the resume logs into a new MLflow run, not into one of another run's"
+                    f"MLflow run {run_id}, which {run_dir / TRACKER_RUNS} names, {why}: the resume logs into a new "
+                    "MLflow run"
                 )
                 continue
             init_args[argument] = run_id
 
 
-def holds_token(uri: str, run_id: str, token: str | None) -> bool:
+def not_ours(uri: str, run_id: str, token: str | None) -> str | None:
+    """Why the MLflow run ``run_id`` is not the one a trackers.json holding ``token`` began (None: it is): its tag
+    is another token, or the record has none where the run has one. A run and record of before tokens agree."""
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
-    return token is not None and MlflowClient(uri).get_run(run_id).data.tags.get(TOKEN_TAG) == token
+    try:
+        tag = MlflowClient(uri).get_run(run_id).data.tags.get(TOKEN_TAG)
+    except MlflowException as error:  # deleted, or on another server
+        return f"cannot be read in {uri} ({printable(str(error).splitlines()[0][:200])})"
+    return None if tag == token else f"does not hold this run directory's token (its tag {TOKEN_TAG})"
 
 
 def class_key(cls: type) -> str:
