@@ -10,6 +10,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -19,7 +20,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from template import commands as cli_module
-from template.data import DigitsDataModule
+from template.data import DigitsDataModule, ImageFolderDataModule
+from template.data.loaders import EvaluationSampler
 from template.module import ClassificationModule
 from template.nets import ResNetSmall
 
@@ -63,6 +65,18 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tmp_path):
     assert [p.name for p in (ddp / "runs" / "digits").iterdir()] == ["version_0"]  # rank 0 alone wrote
     one, two = final_val_acc(single / "runs/digits/version_0"), final_val_acc(ddp / "runs/digits/version_0")
     assert one > 0.9 and abs(one - two) < 0.03, (one, two)
+
+
+def test_an_evaluation_split_smaller_than_the_process_count_is_refused_not_left_to_hang(tmp_path):
+    """A rank without images skips its epoch end, where the others wait for it in the metrics' all_gather."""
+    root = write_image_folder(tmp_path / "images", per_class=1, splits=("train", "val"), size=(8, 8))
+    data = ImageFolderDataModule(str(root), image_size=8, num_workers=0, cache_dir=str(tmp_path / "cache"))
+    data.trainer = SimpleNamespace(world_size=4, global_rank=3)
+    data.setup("validate")
+    with pytest.raises(ValueError, match=r"the val split has 3 images for 4 processes, .* \(--trainer.devices 3\)"):
+        data.val_dataloader()
+    data.trainer.world_size = 3  # one each: the last rank's share is not empty
+    assert [list(EvaluationSampler(data.datasets["val"], 3, rank)) for rank in range(3)] == [[0], [1], [2]]
 
 
 @pytest.mark.slow

@@ -356,6 +356,11 @@ class ImageDataModule(L.LightningDataModule, ABC):
             )
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         rank = self.trainer.global_rank if self.trainer is not None else 0
+        if not train and 0 < len(dataset) < world_size:  # a rank without a batch skips the metrics' collectives: a hang
+            raise ValueError(
+                f"the {split} split has {len(dataset)} images for {world_size} processes, which each score one at least: "
+                f"add images, or {split} on fewer devices (--trainer.devices {len(dataset)})"
+            )
         sampler = EvaluationSampler(dataset, world_size, rank) if world_size > 1 and not train else None
         if train:
             sampler = self.train_sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
