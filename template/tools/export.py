@@ -136,7 +136,7 @@ def export(
     # Test-time augmentation as the module evaluates: in a TorchScript or ONNX graph, in a safetensors file's metadata.
     tta = {"flip": module_args.get("flip_tta") is True, "translate": module_args.get("tta_translate") or 0}
     evaluated = MultiCrop(net, **tta) if any(tta.values()) and fmt != "safetensors" else net
-    metadata |= {"tta": json.dumps(tta)} if any(tta.values()) else {}
+    metadata |= {"tta": json.dumps(tta)} if any(tta.values()) and fmt == "safetensors" else {}  # the graphs apply it
     with replaced_atomically(path) as written:  # checked before it takes the name: a failed export leaves no file
         if fmt == "safetensors":
             exported, carried = export_safetensors(net, written, spec, list(hparams["input_shape"]), metadata)

@@ -104,11 +104,15 @@ def test_an_export_evaluates_as_predict_does_with_the_checkpoints_test_time_augm
         for fmt in ("torchscript", "onnx"):
             path = export(checkpoint, fmt, tmp_path / f"net{FORMATS[fmt]}")
             if fmt == "torchscript":
-                logits = torch.jit.load(str(path))(images)
+                carried = {"tta.json": "", "preprocessing.json": ""}
+                logits = torch.jit.load(str(path), _extra_files=carried)(images)
+                keys = {name.removesuffix(".json") for name, value in carried.items() if value}
             else:
                 session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
                 logits = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images.numpy()})[0])
+                keys = set(session.get_modelmeta().custom_metadata_map)
             assert torch.allclose(logits, expected, atol=1e-4) and not torch.allclose(logits, bare, atol=1e-4), fmt
+            assert "preprocessing" in keys and "tta" not in keys  # in the graph: no reader applies it twice
     with safe_open(str(export(checkpoint, "safetensors", tmp_path / "net.safetensors")), "pt") as file:
         assert json.loads(file.metadata()["tta"]) == {"flip": True, "translate": 1}
 
