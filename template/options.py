@@ -290,9 +290,11 @@ def draw_seed(config: Namespace, restored: Any = None) -> None:
 
 def settle_trainer(trainer: Namespace, last: Namespace | None = None) -> None:
     """No progress bar callback when it is off, SyncBatchNorm only on CUDA, cuDNN autotuning unless deterministic;
-    the ``last`` checkpoint saved at each epoch's end where validation skips epochs (else at each validation's:
-    Lightning's choice, which left the epochs after the last validation in no file)."""
-    if last is not None and last.get("save_on_train_epoch_end") is None and trainer.check_val_every_n_epoch != 1:
+    the ``last`` checkpoint saved at each epoch's end where validation may not end an epoch (else at each
+    validation's end: Lightning's choice, which left the steps after the last validation in no file)."""
+    interval = trainer.val_check_interval
+    validated = trainer.check_val_every_n_epoch == 1 and type(interval) is float and interval == 1.0
+    if last is not None and last.get("save_on_train_epoch_end") is None and not validated:
         last.save_on_train_epoch_end = True
     if type(trainer.accumulate_grad_batches) is int and trainer.accumulate_grad_batches < 1:  # Lightning divides by it
         raise ValueError(

@@ -172,13 +172,16 @@ def doctored_checkpoint(tmp_path):
     return path, marker
 
 
-def test_last_ckpt_holds_the_last_epoch_when_validation_skips_it(run_cli):
+@pytest.mark.parametrize(
+    "validation", [["--trainer.check_val_every_n_epoch", "2"], ["--trainer.val_check_interval", "0.3"]]
+)
+def test_last_ckpt_holds_the_last_step_when_validation_does_not_end_the_run(run_cli, validation):
     """ModelCheckpoint saves at validation's end unless told otherwise: with check_val_every_n_epoch 2, epoch 2 of
-    three (step 6) was in no file, and `--ckpt_path last` evaluated epoch 1's weights."""
-    every_other = ["--trainer.check_val_every_n_epoch", "2", "--trainer.limit_val_batches", "1"]
-    built = run_cli("fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2", *every_other)
+    three was in no file; with val_check_interval 0.3, the steps after an epoch's third validation."""
+    epochs = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "1"]
+    built = run_cli("fit", *epochs, *validation)
     last = torch.load(find_checkpoint("last", run_cli.runs_dir), map_location="cpu", weights_only=True)
-    assert (last["epoch"], last["global_step"]) == (2, built.trainer.global_step) == (2, 6)
+    assert (last["epoch"], last["global_step"]) == (2, built.trainer.global_step) == (2, 30)
 
 
 def test_the_doctored_checkpoint_really_runs_code_when_unpickled(tmp_path):
