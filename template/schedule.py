@@ -171,9 +171,9 @@ def check_plan(trainer: Any) -> None:
     """Hold each scheduler's plan to the run it steps through, before training: ``total_steps`` short of the run is
     an error (the rest would train at the schedule's floor; OneCycleLR fails there), a plan the run does not play out
     as written a warning (``max_steps`` may stop it early on purpose). A run of no set length goes unchecked, and one
-    under StochasticWeightAveraging: its SWALR takes over the schedule, and its BatchNorm epoch takes no step."""
-    if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
-        return
+    under StochasticWeightAveraging (its SWALR takes over the schedule; its BatchNorm epoch takes no step) is re-planned
+    on resume alone."""
+    averaging = any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks)
     for config in trainer.lr_scheduler_configs:
         resumed = config.scheduler.__dict__.pop("resumed", False)
         step = config.interval == "step"
@@ -187,7 +187,7 @@ def check_plan(trainer: Any) -> None:
                         optimizer.total_steps = int(steps)
             continue
         run = run_length(trainer, config.interval)
-        if not 0 < run < math.inf:
+        if not 0 < run < math.inf or averaging:
             continue
         run = int(run) // config.frequency
         for name in (*PLANNED_LENGTHS, *PLANNED_STEPS):
