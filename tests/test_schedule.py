@@ -127,7 +127,7 @@ def plan_warnings(scheduler, interval: str = "epoch", max_epochs: int = 3) -> li
     steps = 4 * max_epochs if max_epochs > 0 else math.inf  # Lightning's estimate of a run of no set length
     trainer = SimpleNamespace(
         max_epochs=max_epochs, estimated_stepping_batches=steps, lr_scheduler_configs=[config],
-        num_training_batches=4, accumulate_grad_batches=1,
+        num_training_batches=4, accumulate_grad_batches=1, callbacks=[],
     )  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
