@@ -232,8 +232,9 @@ def test_the_backbone_is_everything_but_the_head_where_the_head_shares_a_sequent
             self.layers = torch.nn.Sequential(*layers)
 
     net = Net()
+    net.token = torch.nn.Parameter(torch.zeros(1))  # the net's own (a ViT's cls_token, pos_embed)
     frozen = {id(p) for part in backbone_of(net) for p in part.parameters()}
-    assert frozen == {id(p) for p in [*net.scale.parameters(), *net.layers[0].parameters()]}
+    assert frozen == {id(p) for p in [*net.scale.parameters(), *net.layers[0].parameters(), net.token]}
 
 
 def test_unfreezing_leaves_the_networks_own_fixed_parameters_fixed():

@@ -106,11 +106,17 @@ def head_name(net: nn.Module) -> str:
 
 def backbone_of(net: nn.Module) -> list[nn.Module]:
     """Every part of ``net`` but its classifier (``head_name``): the children of each module that holds the head,
-    down to it (the layers beside it in a ``Sequential`` too)."""
+    down to it (the layers beside it in a ``Sequential`` too), and those modules' own parameters (a ViT's
+    ``cls_token`` and ``pos_embed``), each held in a module of its own."""
     head = net.get_submodule(head_name(net))
 
     def parts(module: nn.Module) -> list[nn.Module]:
-        holds = [child for child in module.children() if any(each is head for each in child.modules())]
-        return [part for child in module.children() for part in (parts(child) if child in holds else [child])]
+        own = nn.Module()  # not a ParameterDict: BaseFinetuning walks an iterable module as a list of modules
+        for name, parameter in module.named_parameters(recurse=False):
+            own.register_parameter(name, parameter)
+        found = [own] if list(own.parameters()) else []
+        for child in module.children():
+            found += (parts(child) if any(each is head for each in child.modules()) else [child]) * (child is not head)
+        return found
 
-    return [part for part in parts(net) if part is not head]
+    return parts(net)
