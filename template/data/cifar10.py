@@ -1,5 +1,6 @@
 """CIFAR-10 from its python-pickle release (``cifar-10-batches-py/``), as torchvision lays it out."""
 
+import io
 import math
 import pickletools
 from pathlib import Path
@@ -115,8 +116,10 @@ def array_of(value: Any) -> Any:
         raise ValueError(f"{value!r}, not a numpy array as numpy pickles one")
     order = dtype.state[1] if isinstance(dtype, Call) and isinstance(dtype.state, tuple) and dtype.state[1:] else "|"
     code = dtype.args[0] if isinstance(dtype, Call) and dtype.name == "numpy.dtype" and dtype.args else None
-    if code not in DTYPES or order not in ("|", "<", "=") or layout != ((0,), False):
-        raise ValueError(f"an array of {dtype!r} ({printable(str(code))}), not one of {', '.join(DTYPES)} in C order")
+    if code not in DTYPES or order not in ("|", "<", "="):
+        raise ValueError(f"an array of {dtype!r} ({printable(str(code))}), not one of {', '.join(DTYPES)}")
+    if layout != ((0,), False):
+        raise ValueError("an array in Fortran order, or made otherwise than numpy makes one: C order only")
     dtype = np.dtype(f"<{code}")
     if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)) or not isinstance(raw, bytes):
         raise ValueError(f"an array of shape {shape!r}, not one of sizes, or without its bytes")
@@ -143,8 +146,8 @@ def label_problem(labels: object, count: int) -> str | None:
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """One batch file's uint8 images (N, 3, 32, 32) and int64 labels (N,); a ValueError names the file and key."""
     try:
-        with open_regular(path) as file:
-            batch = read_pickle(file)
+        with open_regular(path) as file:  # read whole: a length in the pickle then allocates no more than the file
+            batch = read_pickle(io.BytesIO(file.read()))
         if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
             raise ValueError("not a dict with the keys data and labels")
         images, labels = array_of(batch["data"]), array_of(batch["labels"])

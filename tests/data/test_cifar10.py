@@ -81,6 +81,14 @@ def test_a_doctored_batch_file_is_refused_not_run(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("length", [1 << 40, sys.maxsize])
+def test_a_length_past_the_files_end_is_refused_as_damage_not_allocated(tmp_path, length):
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(b"\x80\x04\x8e" + struct.pack("<Q", length) + b"abc")  # BINBYTES8 of a terabyte, 3 bytes held
+    with pytest.raises(ValueError, match=f"not a CIFAR-10 batch: expected {length} bytes in a bytes8, but only 3"):
+        read_batch(path)  # was a MemoryError or OverflowError: the reader allocated the length first
+
+
 def test_a_batch_file_that_reshapes_a_dtype_is_refused_not_read_as_pointers(tmp_path):
     """numpy.dtype("V8") rebuilt by the pickle's BUILD into an object field that says it holds none: its array's
     bytes would be read as pointers the file chose (a crash, at best)."""
