@@ -31,11 +31,13 @@ def steepest(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_e
     """The LR where the smoothed loss falls fastest per decade of LR, as the curve is read on its log axis. Lightning's
     suggestion differentiates by the LR itself, which magnifies each small wobble at the lowest rates (by 1 / lr):
     it suggested 6.3e-05 on the digits, where the loss still rose, for a descent steepest at 3.5e-03."""
-    lrs, losses = np.asarray(lrs[skip_begin:-skip_end], float), np.asarray(losses[skip_begin:-skip_end], float)
+    end = len(lrs) - skip_end
+    lrs, losses = np.asarray(lrs[skip_begin:end], float), np.asarray(losses[skip_begin:end], float)
     kept = np.isfinite(losses) & (lrs > 0)
     if kept.sum() < 3:
         return None
-    return float(lrs[kept][np.argmin(np.gradient(losses[kept], np.log(lrs[kept])))])
+    slopes = np.gradient(losses[kept], np.log(lrs[kept]))
+    return float(lrs[kept][np.argmin(slopes)]) if slopes.min() < 0 else None  # a loss that never falls: none
 
 
 def main(args: list[str]) -> None:

@@ -12,6 +12,8 @@ def test_the_suggestion_is_the_steepest_descent_per_decade_not_a_wobble_at_the_l
     wobble = 0.003 * np.sin(np.arange(100)) * (lrs < 1e-4)  # noise where the loss has not started to fall
     losses = 2.5 - 1 / (1 + np.exp(-3 * (np.log10(lrs) + 2.5))) + wobble  # falls fastest at 10 ** -2.5
     assert 2e-3 < steepest(list(lrs), list(losses)) < 5e-3
+    assert steepest(list(lrs), list(np.linspace(1, 3, 100))) is None  # a loss that only rises: no rate to suggest
+    assert 2e-3 < steepest(list(lrs), list(losses), skip_end=0) < 5e-3
 
 
 def test_lr_find_prints_and_draws_the_steepest_descent_of_its_curve(run_cli, capsys):
