@@ -295,7 +295,8 @@ def run_checks(
     try:
         batch_size = datamodule.device_batch_size(trainer.world_size)
     except ValueError as error:
-        return [*checks, Check("data", "batch size", "fail", str(error), "change data.global_batch_size")], None
+        fix = f"change data.{datamodule.global_option()[0]}"  # the global batch's: batch_size where it shares that
+        return [*checks, Check("data", "batch size", "fail", str(error), fix)], None
     for stage in ("fit", "test"):
         try:
             datamodule.setup(stage)

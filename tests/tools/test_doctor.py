@@ -205,8 +205,10 @@ def test_any_failed_check_exits_non_zero_and_names_it(capsys):
 def test_a_global_batch_that_does_not_divide_fails_before_loading_data():
     model = ClassificationModule(ResNetSmall(10, 1))
     trainer = L.Trainer(accelerator="cpu", devices=3, strategy="ddp_spawn", logger=False)  # 3 processes, never started
-    found, _ = doctor.run_checks(model, DigitsDataModule(global_batch_size=64), trainer)
-    assert found[-1].name == "batch size" and found[-1].status == "fail" and "66" in found[-1].detail
+    for given, option in ((64, "global_batch_size"), ("batch_size", "batch_size")):  # the DDP configs' share batch_size
+        found, _ = doctor.run_checks(model, DigitsDataModule(global_batch_size=given), trainer)
+        assert found[-1].name == "batch size" and found[-1].status == "fail" and "66" in found[-1].detail
+        assert found[-1].fix == f"change data.{option}"
 
 
 @pytest.mark.parametrize(
