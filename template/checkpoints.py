@@ -388,7 +388,7 @@ def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None
             f"--ckpt_path best: {checkpoint_dir} holds no best checkpoint (none records a monitored metric)"
         )
     if monitor not in by and len(by) > 1:  # a ModelCheckpoint of the user's beside the recipe's
-        raise FileNotFoundError(
+        raise ValueError(
             f"--ckpt_path best: {checkpoint_dir} holds best checkpoints by {', '.join(sorted(map(printable, by)))}: "
             "give --checkpoint.monitor to say which, or the checkpoint's path"
         )

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-SPARSE_FROM = 16 << 20  # a file this large may be mostly holes (check_dense); below it, reading it all is cheap
+SPARSE_FROM = 64 << 20  # a file this large may be mostly holes (check_dense); below it, reading it all is cheap
 
 
 @contextmanager

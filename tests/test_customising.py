@@ -329,7 +329,7 @@ def test_a_second_model_checkpoint_of_yours_never_takes_the_place_of_the_recipes
     assert Path(best.best_model_path).name.startswith("best-epoch")
     assert f"best val/acc     {float(best.best_model_score):.4f}" in capsys.readouterr().out
     assert find_checkpoint("best", run_cli.runs_dir, "val/acc") == Path(best.best_model_path)
-    with pytest.raises(FileNotFoundError, match="holds best checkpoints by train/acc, val/acc: give --checkpoint"):
+    with pytest.raises(ValueError, match="holds best checkpoints by train/acc, val/acc: give --checkpoint"):
         find_checkpoint("best", run_cli.runs_dir)  # export's: no metric to choose by
     scored = fits.fit([*tiny_args(tmp_path / "runs"), *epochs, *own], ("cv", "fold_0"))
     assert (
