@@ -33,7 +33,15 @@ def fitted(best_model_path: str) -> SimpleNamespace:
         class_path="template.data.ImageFolderDataModule", init_args=Namespace(root="images", cache_dir="c")
     )
     config = Namespace(data=data)
-    return SimpleNamespace(trainer=trainer, datamodule=data.init_args, run_name=None, config=config, subcommand="fit")
+    instances = Namespace(fit=Namespace(checkpoint=best, last_checkpoint=last))  # LightningCLI's config_init
+    return SimpleNamespace(
+        trainer=trainer,
+        datamodule=data.init_args,
+        run_name=None,
+        config=config,
+        subcommand="fit",
+        config_init=instances,
+    )
 
 
 def test_a_checkpoint_path_from_elsewhere_is_shown_escaped_and_its_test_command_quoted(capsys):
