@@ -57,6 +57,8 @@ def read_pickle(file: BinaryIO) -> Any:
     for opcode, arg, position in pickletools.genops(file):
         name = opcode.name
         if name in PUSHES:
+            if type(arg) is int and arg.bit_length() > 64:  # no count or label is: math on it would cost its square
+                raise ValueError(f"its pickle holds an integer of {arg.bit_length():,} bits at byte {position}")
             stack.append(arg)
         elif name in EMPTY:
             stack.append(EMPTY[name]() if isinstance(EMPTY[name], type) else EMPTY[name])
@@ -117,12 +119,15 @@ def array_of(value: Any) -> Any:
     order = dtype.state[1] if isinstance(dtype, Call) and isinstance(dtype.state, tuple) and dtype.state[1:] else "|"
     code = dtype.args[0] if isinstance(dtype, Call) and dtype.name == "numpy.dtype" and dtype.args else None
     if code not in DTYPES or order not in ("|", "<", "="):
-        raise ValueError(f"an array of {dtype!r} ({printable(str(code))}), not one of {', '.join(DTYPES)}")
+        raise ValueError(
+            f"an array of {printable(repr(dtype)[:100])} ({printable(str(code)[:100])}), not one of {', '.join(DTYPES)}"
+        )
     if layout != ((0,), False):
         raise ValueError("an array in Fortran order, or made otherwise than numpy makes one: C order only")
     dtype = np.dtype(f"<{code}")
-    if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)) or not isinstance(raw, bytes):
-        raise ValueError(f"an array of shape {shape!r}, not one of sizes, or without its bytes")
+    sizes = isinstance(shape, tuple) and len(shape) <= 32 and all(type(n) is int and 0 <= n <= len(raw) for n in shape)
+    if not sizes or not isinstance(raw, bytes):
+        raise ValueError(f"an array of shape {printable(repr(shape)[:200])}, not one of sizes, or without its bytes")
     if len(raw) != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"an array of {shape} {dtype} in {len(raw)} bytes of the file")
     return np.frombuffer(raw, dtype).reshape(shape)
@@ -151,7 +156,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
             raise ValueError("not a dict with the keys data and labels")
         images, labels = array_of(batch["data"]), array_of(batch["labels"])
-    except (ValueError, TypeError, LookupError, AttributeError) as error:  # a damaged file's, whichever
+    except (ValueError, TypeError, LookupError, AttributeError, RecursionError) as error:  # a damaged file's
         raise ValueError(f"{path} is not a CIFAR-10 batch: {error}; nothing in it was imported or run") from None
     # As released, (N, 3072) uint8: a cast would wrap other integers and floor float pixels, silently.
     if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == (3 * 32 * 32,)):

@@ -89,6 +89,23 @@ def test_a_length_past_the_files_end_is_refused_as_damage_not_allocated(tmp_path
         read_batch(path)  # was a MemoryError or OverflowError: the reader allocated the length first
 
 
+def test_a_few_kilobytes_that_would_cost_minutes_or_a_traceback_are_refused_at_once(tmp_path):
+    """A shape of one 8,000-bit integer, memoised and named again 2,000 times (5 KB: its product took 27 s and
+    quadrupled with each doubling), and a dtype argument nested 200,000 deep (its repr: a RecursionError)."""
+    huge = (2**7998 + 1).to_bytes(1000, "little")
+    shape = b"(\x8b" + struct.pack("<I", len(huge)) + huge + b"q\x01" + b"h\x01" * 1999 + b"t"  # MARK LONG4 ... TUPLE
+    array = b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85C\x01b\x87R(K\x01" + shape
+    array += b"cnumpy\ndtype\nX\x02\x00\x00\x00u1\x89\x88\x87R\x89C\x00tb"
+    nested = b"cnumpy\ndtype\n" + b"]" * 200_000 + b"a" * 199_999 + b"\x85R"  # a list in a list ... as its argument
+    bomb = b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85C\x01b\x87R(K\x01K\x01\x85" + nested
+    for name, body, said in (("big", array, "an integer of 7,999 bits"), ("deep", bomb + b"\x89C\x00tb", "recursion")):
+        path = tmp_path / name
+        path.write_bytes(b"\x80\x02}(X\x04\x00\x00\x00data" + body + b"X\x06\x00\x00\x00labels]u.")
+        with pytest.raises(ValueError, match=f"not a CIFAR-10 batch: .*{said}") as refused:
+            read_batch(path)  # refused before any arithmetic on the integer, or any repr of the nesting
+        assert len(str(refused.value)) < 1000, name  # not megabytes of digits
+
+
 def test_a_batch_file_that_reshapes_a_dtype_is_refused_not_read_as_pointers(tmp_path):
     """numpy.dtype("V8") rebuilt by the pickle's BUILD into an object field that says it holds none: its array's
     bytes would be read as pointers the file chose (a crash, at best)."""
