@@ -200,9 +200,20 @@ def test_bf16_mixed_trains_on_the_cpu(run_cli):
     assert all(torch.isfinite(p).all() for p in run.model.parameters())
 
 
-@pytest.mark.parametrize("global_batch, world_size, expected", [(64, 2, 32), (512, 8, 64), (64, 1, 64)])
-def test_global_batch_is_shared_out_across_processes(global_batch, world_size, expected):
-    assert DigitsDataModule(global_batch_size=global_batch).device_batch_size(world_size) == expected
+@pytest.mark.parametrize(
+    "global_batch, world_size, accumulate, expected", [(64, 2, 1, 32), (512, 8, 1, 64), (64, 1, 1, 64), (64, 2, 2, 16)]
+)
+def test_global_batch_is_shared_out_across_processes_and_accumulated_batches(
+    global_batch, world_size, accumulate, expected
+):
+    assert DigitsDataModule(global_batch_size=global_batch).device_batch_size(world_size, accumulate) == expected
+
+
+def test_a_global_batch_is_the_optimizer_steps_under_accumulation_too(run_cli):
+    """It was each batch's: accumulating 3 made a step of 90 images where 30 were asked for."""
+    global_batch = ["--data.global_batch_size", "30", "--trainer.accumulate_grad_batches", "3"]
+    built = run_cli("fit", *global_batch, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1")
+    assert built.trainer.train_dataloader.batch_size == 10 and built.trainer.global_step == 2
 
 
 def test_a_global_batch_that_does_not_divide_is_a_clear_error():
@@ -210,6 +221,8 @@ def test_a_global_batch_that_does_not_divide_is_a_clear_error():
         DigitsDataModule(global_batch_size=100).device_batch_size(3)
     with pytest.raises(ValueError, match=r"batch_size=64 does not divide by the 3 processes.*e.g. 66"):
         DigitsDataModule(global_batch_size="batch_size").device_batch_size(3)
+    with pytest.raises(ValueError, match=r"=64 does not divide by the 3 processes .* x 2 accumulated batches.*e.g. 66"):
+        DigitsDataModule(global_batch_size=64).device_batch_size(3, 2)
 
 
 @pytest.mark.parametrize("given, per_device", [([], 32), (["--data.batch_size", "32"], 16)])

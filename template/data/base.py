@@ -100,9 +100,10 @@ class ImageDataModule(L.LightningDataModule, ABC):
 
     Args:
         batch_size: images per batch on each device.
-        global_batch_size: images per optimizer step across all devices, each device getting ``global_batch_size /
-            world_size`` (batch_size is ignored): the same recipe on any number of GPUs. ``batch_size``: the run's
-            batch_size is that global batch (``configs/trainer/ddp.yaml``); None: batch_size on each device.
+        global_batch_size: images per optimizer step across all devices, each batch of a device getting
+            ``global_batch_size / (world_size x accumulate_grad_batches)`` (batch_size is ignored): the same recipe on
+            any number of GPUs. ``batch_size``: the run's batch_size is that global batch
+            (``configs/trainer/ddp.yaml``); None: batch_size on each device, each step taking accumulated batches.
         num_workers: DataLoader worker processes; 0 loads in the main process.
         crop_padding: pixels of reflect padding for the random crop; 0: off.
         crop_scale: a random-resized crop instead (torchvision's RandomResizedCrop): the range of its share
@@ -322,17 +323,19 @@ class ImageDataModule(L.LightningDataModule, ABC):
                 )
         self.mean, self.std = torch.tensor(record["mean"]), torch.tensor(record["std"])
 
-    def device_batch_size(self, world_size: int) -> int:
-        """Images per batch on each device: batch_size, or the global batch shared out."""
+    def device_batch_size(self, world_size: int, accumulate: int = 1) -> int:
+        """Images per batch on each device: batch_size, or the global batch of an optimizer step shared out over the
+        processes and the ``accumulate`` batches a step gathers (accumulate_grad_batches)."""
         if self.global_batch_size is None:
             return self.batch_size
         name, total = self.global_option()
-        if total % world_size:
+        if total % (shares := world_size * accumulate):
+            accumulated = f" x {accumulate} accumulated batches" if accumulate > 1 else ""
             raise ValueError(
-                f"{name}={total} does not divide by the {world_size} processes (devices x nodes); use a multiple of "
-                f"{world_size}, e.g. {(total // world_size + 1) * world_size}"
+                f"{name}={total} does not divide by the {world_size} processes (devices x nodes){accumulated}; use a "
+                f"multiple of {shares}, e.g. {(total // shares + 1) * shares}"
             )
-        return total // world_size
+        return total // shares
 
     def global_option(self) -> tuple[str, int]:
         """The option that gives the global batch, and its size."""
@@ -342,7 +345,7 @@ class ImageDataModule(L.LightningDataModule, ABC):
     def _loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
         world_size = self.trainer.world_size if self.trainer is not None else 1
-        batch_size = self.device_batch_size(world_size)
+        batch_size = self.device_batch_size(world_size, getattr(self.trainer, "accumulate_grad_batches", 1))
         # Train only: drop a last batch under half a batch (a noisy step, poor BatchNorm statistics; reshuffled each
         # epoch), keep a longer one (on a small set, a large share). Ranks have equal shares: equal step counts.
         full_batches, rest = divmod(len(dataset) // world_size, batch_size)

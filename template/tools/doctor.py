@@ -293,7 +293,7 @@ def run_checks(
     ``accelerator`` is the one asked for ("auto", "gpu"...), not the one Lightning chose."""
     checks = check_environment(accelerator)
     try:
-        batch_size = datamodule.device_batch_size(trainer.world_size)
+        batch_size = datamodule.device_batch_size(trainer.world_size, trainer.accumulate_grad_batches)
     except ValueError as error:
         fix = f"change data.{datamodule.global_option()[0]}"  # the global batch's: batch_size where it shares that
         return [*checks, Check("data", "batch size", "fail", str(error), fix)], None
