@@ -70,6 +70,12 @@ def explain(error: BaseException) -> str:
             " (model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1, monitor a training metric "
             "(train/loss) or validate every epoch"
         )
+    elif "more than one stateful callback of type `ModelCheckpoint`" in message:  # a user's beside the recipe's two
+        message += (
+            " The recipe keeps two already: checkpoint (the best by checkpoint.monitor; --checkpoint.save_top_k -1 "
+            "keeps every validated epoch) and last_checkpoint (last.ckpt, every epoch); give yours another monitor, "
+            "mode or every_n_epochs than theirs"
+        )
     elif "could not find the monitored key" in message:
         message += (" A module that overrides on_validation_epoch_end (or on_train_/on_test_epoch_end) calls "
                     "super() there: ClassificationModule logs val/loss and val/acc (train/acc, test/...) in it.")  # fmt: skip

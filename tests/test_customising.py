@@ -338,6 +338,16 @@ def test_a_second_model_checkpoint_of_yours_never_takes_the_place_of_the_recipes
     )
 
 
+def test_a_checkpoint_callback_like_the_recipes_own_is_told_what_the_recipe_keeps(tmp_path, capsys):
+    """Every epoch's checkpoint, asked for as users do: its state key is last_checkpoint's, and Lightning's error
+    named neither that callback nor a way out."""
+    every_epoch = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_epochs", "1"]
+    with pytest.raises(SystemExit):
+        main(["fit", *tiny_args(tmp_path / "runs"), *QUICK, *every_epoch, "--trainer.callbacks.save_top_k", "-1"])
+    error = capsys.readouterr().err
+    assert "The recipe keeps two already: checkpoint" in error and "--checkpoint.save_top_k -1" in error
+
+
 def test_a_plain_lightning_datamodule_is_told_which_class_to_extend(tmp_path, monkeypatch, capsys):
     (tmp_path / "plain_data.py").write_text(
         "import lightning as L\n\n\nclass PlainData(L.LightningDataModule):\n    pass\n"
