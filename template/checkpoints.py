@@ -392,8 +392,9 @@ def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None
             f"--ckpt_path best: {checkpoint_dir} holds best checkpoints by {', '.join(sorted(map(printable, by)))}: "
             "give --checkpoint.monitor to say which, or the checkpoint's path"
         )
+    chosen = monitor if monitor in by else next(iter(by))
     # The best monitored value (with save_top_k > 1 the newest file is not the best); ties: the newest.
-    return max(best[1:] for best in bests if best[0] == (monitor if monitor in by else next(iter(by))))[2]
+    return max(best[1:] for best in bests if best[0] == chosen)[2]
 
 
 def monitored_score(path: Path) -> tuple[str, float] | None:
@@ -410,13 +411,9 @@ def monitored_score(path: Path) -> tuple[str, float] | None:
             and isinstance(state, dict)
             and isinstance(state.get("monitor"), str)
         ):
-            kept = state.get("best_k_models")
-            kept = (
-                [v for k, v in kept.items() if isinstance(k, str) and Path(k).name == path.name]
-                if isinstance(kept, dict)
-                else []
-            )
-            score = torch.as_tensor(kept[0]) if kept and isinstance(kept[0], torch.Tensor | float | int) else None
+            kept = state.get("best_k_models") if isinstance(state.get("best_k_models"), dict) else {}
+            own = [value for key, value in kept.items() if isinstance(key, str) and Path(key).name == path.name]
+            score = torch.as_tensor(own[0]) if own and isinstance(own[0], torch.Tensor | float | int) else None
             if score is not None and score.numel() == 1 and score.isfinite():  # one number, never an expanded bomb
                 return state["monitor"], float(score) * (-1.0 if "'mode': 'min'" in name else 1.0)
     return None

@@ -546,8 +546,8 @@ def check_restored_model(restored: Restored, model: dict, resuming: bool) -> Non
     them, so they would never take effect while the run's record said they had."""
     saved, given = restored.config.get("model", {}).get("init_args", {}), model.get("init_args") or {}
     net, other = ((each.get("net") or {}).get("class_path") for each in (saved, given))
-    same = (registry().get(net, (None, net))[1] is registry().get(other, (None, other))[1]) if net and other else True
-    if not same and net != other:  # one class by either of its names (template.nets.ResNetSmall, its module's)
+    named = [registry().get(name, (None, name))[1] for name in (net, other)]  # a class by either of its names
+    if net and other and net != other and named[0] is not named[1]:
         raise ValueError(
             f"{restored.path} holds the weights of a {net}, not of the {other} that model.net names: leave --model.net "
             f"out (a checkpoint is evaluated and resumed as the network it was trained as); if {other} is that class "

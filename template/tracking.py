@@ -141,8 +141,10 @@ def record_trackers(trackers: list[Logger], configured: list, config: dict, run_
         _ = tracker.experiment  # starts the run (W&B's id is known only then)
         record[class_key(type(tracker))] = {argument: tracker.version}
         if isinstance(tracker, loggers.MLFlowLogger):  # the run's token: its own, or a new one
-            token = tracker.experiment.get_run(tracker.run_id).data.tags.get(TOKEN_TAG) or secrets.token_hex(16)
-            tracker.experiment.set_tag(tracker.run_id, TOKEN_TAG, token)
+            token = tracker.experiment.get_run(tracker.run_id).data.tags.get(TOKEN_TAG)
+            if token is None:
+                token = secrets.token_hex(16)
+                tracker.experiment.set_tag(tracker.run_id, TOKEN_TAG, token)
             record[class_key(type(tracker))]["token"] = token
     if record:
         write_atomic(run_dir / TRACKER_RUNS, json.dumps(record, indent=2) + "\n")

@@ -111,9 +111,10 @@ def array_of(value: Any) -> Any:
         return value
     args, state = value.args, value.state
     if value.name in RECONSTRUCT and len(args) == 3 and isinstance(state, tuple) and len(state) == 5:
-        shape, dtype, raw, layout = state[1], state[2], literal(state[4]), (literal(args[1]), state[3])
+        shape, dtype, raw = state[1], state[2], literal(state[4])
+        c_order = (literal(args[1]), state[3]) == ((0,), False)  # an empty array, filled in, not Fortran-ordered
     elif value.name in FROMBUFFER and len(args) == 4 and state is None:
-        raw, dtype, shape, layout = literal(args[0]), args[1], args[2], ((0,), args[3] != "C")
+        raw, dtype, shape, c_order = literal(args[0]), args[1], args[2], args[3] == "C"
     else:
         raise ValueError(f"{value!r}, not a numpy array as numpy pickles one")
     order = dtype.state[1] if isinstance(dtype, Call) and isinstance(dtype.state, tuple) and dtype.state[1:] else "|"
@@ -122,7 +123,7 @@ def array_of(value: Any) -> Any:
         raise ValueError(
             f"an array of {printable(repr(dtype)[:100])} ({printable(str(code)[:100])}), not one of {', '.join(DTYPES)}"
         )
-    if layout != ((0,), False):
+    if not c_order:
         raise ValueError("an array in Fortran order, or made otherwise than numpy makes one: C order only")
     dtype = np.dtype(f"<{code}")
     sizes = isinstance(shape, tuple) and len(shape) <= 32 and all(type(n) is int and 0 <= n <= len(raw) for n in shape)

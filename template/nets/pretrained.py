@@ -116,7 +116,8 @@ def backbone_of(net: nn.Module) -> list[nn.Module]:
             own.register_parameter(name, parameter)
         found = [own] if list(own.parameters()) else []
         for child in module.children():
-            found += (parts(child) if any(each is head for each in child.modules()) else [child]) * (child is not head)
+            if child is not head:
+                found += parts(child) if any(each is head for each in child.modules()) else [child]
         return found
 
     return parts(net)
