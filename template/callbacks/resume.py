@@ -34,11 +34,13 @@ def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
 
 class Trainer(L.Trainer):
     """Lightning's Trainer, which stops for a SIGTERM only where the optimizer has stepped (in a validation within the
-    epoch too): the gradients of a group half accumulated are in no checkpoint (a resume would step on the rest alone)."""
+    epoch too): the gradients of a group half accumulated are in no checkpoint (a resume would step on the rest alone);
+    and not within a fit's validation, which a resume would skip: that score would be lost to the best checkpoint."""
 
     @property
     def received_sigterm(self) -> bool:
-        return super().received_sigterm and not (self.state.fn == TrainerFn.FITTING and accumulating(self))
+        deferred = self.state.fn == TrainerFn.FITTING and (self.validating or accumulating(self))
+        return super().received_sigterm and not deferred
 
 
 class ResumeState(Callback):
@@ -46,7 +48,8 @@ class ResumeState(Callback):
     training metrics so far (torchmetrics named ``train...``: train/acc covers the whole epoch), restored at
     ``on_train_start``.
 
-    On SIGTERM, Lightning raises ``SIGTERMException`` after the running step on every rank; this writes
+    On SIGTERM, Lightning raises ``SIGTERMException`` after the running step on every rank (after a fit's running
+    validation); this writes
     ``preempted_filename`` beside the other checkpoints and the CLI exits with 143, saying how to resume (SLURM's
     SIGUSR1 requeues: scripts/slurm.sbatch). A SIGTERM outside the batches (where Lightning never reads its flag: an
     epoch-end hook, a checkpoint being written, a deadlocked collective), or a second one, ends the process at once

@@ -173,11 +173,15 @@ import lightning as L
 
 
 class SigtermAfter(L.Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, validating: bool = False) -> None:
+        self.step, self.validating = step, validating
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.current_epoch == 1 and batch_idx == self.step:
+        if trainer.current_epoch == 1 and batch_idx == self.step and not self.validating:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if trainer.current_epoch == 1 and batch_idx == self.step and self.validating and not trainer.sanity_checking:
             os.kill(os.getpid(), signal.SIGTERM)
 """
 
@@ -210,6 +214,31 @@ def test_a_sigterm_within_a_group_of_accumulated_gradients_stops_once_the_group_
         weights(tmp_path / "straight" / "digits" / "version_0" / "checkpoints" / "last.ckpt"),
         weights(runs / "digits" / "version_0" / "checkpoints" / "last.ckpt"),
     )
+
+
+@pytest.mark.slow
+def test_a_sigterm_during_an_epochs_validation_stops_once_it_is_scored_and_the_resume_keeps_that_score(tmp_path):
+    """Stopped within validation, the resume started the next epoch: the epoch stopped in had no val/ values, and was
+    never a candidate for the best checkpoint. The validation finishes first, then the run stops at the epoch's end."""
+    (tmp_path / "sigterm_after.py").write_text(SIGTERM_AFTER)
+    short = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "3"]
+    straight = subprocess.run(fit_command(tmp_path / "straight", *short), capture_output=True, text=True, cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = tmp_path / "stopped"
+    stop = ["--trainer.callbacks+=sigterm_after.SigtermAfter", "--trainer.callbacks.step", "0"]
+    stop += ["--trainer.callbacks.validating", "true"]
+    stopped = subprocess.run(fit_command(runs, *short, *stop), capture_output=True, text=True, cwd=tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Stopped by SIGTERM after global step 8" in stopped.stderr, stopped.stderr[-3000:]
+    preempted = runs / "digits" / "version_0" / "checkpoints" / "preempted.ckpt"
+    resumed = subprocess.run(fit_command(runs, *short, "--ckpt_path", str(preempted)), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    scored = [
+        [row for row in epoch_rows(each / "digits" / "version_0") if row[1]] for each in (tmp_path / "straight", runs)
+    ]
+    assert len(scored[0]) == 3 and scored[1] == scored[0]
+    last = [runs / "digits" / "version_0" / "checkpoints" / "last.ckpt" for runs in (tmp_path / "straight", runs)]
+    assert_same_weights(*map(weights, last))
 
 
 @pytest.mark.slow
