@@ -66,10 +66,7 @@ def explain(error: BaseException) -> str:
     elif isinstance(error, KeyError | TypeError | AttributeError | IndexError):
         message = f"{type(error).__name__}: {message}"  # messages that do not say what they are on their own
     elif "conditioned on metric" in message:  # Lightning names its own key: the option is ours
-        message += (
-            " (model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1, monitor a training metric "
-            "(train/loss) or validate every epoch"
-        )
+        message += " (model.scheduler_monitor): name a metric the module logs (val/loss, val/acc, train/loss)"
     elif "more than one stateful callback of type `ModelCheckpoint`" in message:  # a user's beside the recipe's two
         message += (
             " The recipe keeps two already: checkpoint (the best by checkpoint.monitor; --checkpoint.save_top_k -1 "

@@ -188,8 +188,9 @@ class ClassificationModule(L.LightningModule):
         length = lambda: run_length(self.trainer, self.scheduler_interval or "step")  # noqa: E731  (in its unit)
         scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, length)
         settings = {"scheduler": scheduler, "interval": self.scheduler_interval or interval_of(scheduler), "name": "lr"}
-        if isinstance(scheduler, ReduceLROnPlateau):
-            settings["monitor"] = self.scheduler_monitor
+        if isinstance(scheduler, ReduceLROnPlateau):  # stepped by epoch, at each validation: where its metric is new
+            every = self.trainer.check_val_every_n_epoch if settings["interval"] == "epoch" else None
+            settings |= {"monitor": self.scheduler_monitor, "frequency": every or 1}
         return {"optimizer": optimizer, "lr_scheduler": settings}
 
 

@@ -180,15 +180,24 @@ def switched_to_own_defaults(config: Namespace, args: list[str], recipe: Path) -
         checkpoint.mode = better
 
 
+def watchers(trainer: Any) -> list[tuple[str, str, Any, bool]]:
+    """(class name, metric, mode, strict: a missing metric is an error) of each callback and schedule watching one."""
+    found = [(type(each).__name__, each) for each in trainer.callbacks]
+    found += [(type(config.scheduler).__name__, config) for config in trainer.lr_scheduler_configs]
+    listed = []
+    for name, each in found:
+        if isinstance(monitor := getattr(each, "monitor", None), str):
+            mode = getattr(getattr(each, "scheduler", each), "mode", None)  # a plateau's: its scheduler's
+            listed.append((name, monitor, mode, getattr(each, "strict", True) is not False))
+    return listed
+
+
 def check_modes(trainer: Any) -> None:
     """Refuse a watcher of the recipe's metrics kept the wrong way round (an EarlyStopping or ModelCheckpoint of
     val/acc in Lightning's default mode min stops or keeps at its worst; a ReduceLROnPlateau of it in torch's cuts
     the rate as it improves); warn of one whose metric's name says the other way (val_err, val/AUC: your own)."""
-    watchers = [(type(each).__name__, each) for each in trainer.callbacks]
-    watchers += [(type(config.scheduler).__name__, config) for config in trainer.lr_scheduler_configs]
-    for name, each in watchers:
-        monitor, mode = getattr(each, "monitor", None), getattr(getattr(each, "scheduler", each), "mode", None)
-        if not isinstance(monitor, str) or mode not in ("min", "max"):
+    for name, monitor, mode, _ in watchers(trainer):
+        if mode not in ("min", "max"):
             continue
         lower, higher, said = bool(LOWER.search(monitor)), bool(HIGHER.search(monitor)), f"{name} watches {monitor}"
         if OWN_MODES.get(monitor, mode) != mode:
@@ -198,6 +207,15 @@ def check_modes(trainer: Any) -> None:
             )
         if monitor not in OWN_MODES and lower != higher and mode != ("min" if lower else "max"):
             rank_zero_warn(f"{said} with mode={mode}, where its name says {'lower' if lower else 'higher'} is better")
+
+
+def check_logged(trainer: Any) -> None:
+    """Refuse a watcher of a validation metric (``val...``) that the sanity check's validation did not log, a
+    misspelt ``val/acc`` say: Lightning would stop the run there only after its first epoch (``strict: false``: never)."""
+    logged = sorted(name for name in trainer.callback_metrics if name.startswith("val"))
+    for name, monitor, _, strict in watchers(trainer) if logged else ():  # none: a module logging after the check
+        if strict and monitor.startswith("val") and monitor not in logged:
+            raise ValueError(f"{name} watches {monitor}, which validation does not log; it logs {', '.join(logged)}")
 
 
 # Lightning's "💡 Tip" lines advertise its other products: not what a run reports.

@@ -15,10 +15,15 @@ from template.tracking import where_to_look
 PROGRAM = __package__
 
 
+def evaluated(cli, split: str) -> tuple[int, int]:
+    """How many images of ``split`` the last evaluation scored (0: none), and how many the split holds."""
+    count, data = getattr(getattr(cli, "model", None), "images_evaluated", {}).get(split) or 0, cli.datamodule
+    return count, len(data.datasets[split]) if split in getattr(data, "datasets", {}) else count
+
+
 def print_evaluated(cli, split: str) -> None:
-    count, data = cli.model.images_evaluated.get(split), cli.datamodule
+    count, size = evaluated(cli, split)
     if cli.trainer.is_global_zero and count and f"{split}/acc" in cli.trainer.callback_metrics:
-        size = len(data.datasets[split]) if split in getattr(data, "datasets", {}) else count
         part = "the whole split" if count >= size else f"of {size}: limited by this command's options"
         acc = float(cli.trainer.callback_metrics[f"{split}/acc"])
         print(f"{split}/acc {acc:.4f} on {count} images ({part})")
@@ -35,11 +40,14 @@ def kept_checkpoints(cli) -> list[ModelCheckpoint | None]:
 def print_summary(cli, run_dir: Path) -> None:
     best, last = kept_checkpoints(cli)
     lines = [f"run directory    {shown(run_dir)}"]
+    count, size = evaluated(cli, "val")  # a score of part of the split (limit_val_batches) says so
+    part = f" on {count} of {size} val images (limited by this command's options)" if 0 < count < size else ""
     if best is not None and best.monitor and best.best_model_path:
+        part = part if best.monitor.startswith("val") else ""
         # These paths are a resumed checkpoint's word: a file from elsewhere may have written them.
         lines += [
             f"best checkpoint  {shown(best.best_model_path)}",
-            f"best {shown(f'{best.monitor:<11}')} {float(best.best_model_score):.4f}",
+            f"best {shown(f'{best.monitor:<11}')} {float(best.best_model_score):.4f}" + part,
             *([f"last checkpoint  {shown(last.best_model_path)}"] if last is not None else []),
         ]
         # Only where `test` has images to read, and not in a sweep's trial or cv's fold: test the one chosen, once.

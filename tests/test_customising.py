@@ -311,6 +311,22 @@ def test_a_watcher_of_the_recipes_metrics_the_wrong_way_round_is_refused_before_
     assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
 
 
+@pytest.mark.parametrize(
+    "watcher",
+    [
+        ["--checkpoint.mode", "max", "--checkpoint.monitor", "val/acuracy"],
+        ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/los"],
+        ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau", "--model.scheduler_monitor", "val_loss"],
+    ],
+)
+def test_a_watcher_of_a_validation_metric_never_logged_is_refused_before_training(run_cli, watcher):
+    """A misspelt metric stopped the run after its first epoch (Lightning's check, at the first validation's end)."""
+    refused = rf"watches {watcher[-1]}, which validation does not log; it logs val/acc, val/loss"
+    with pytest.raises(ValueError, match=refused):
+        run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1", *watcher)
+    assert not list(run_cli.runs_dir.rglob("*.ckpt"))  # refused after the sanity check: nothing trained
+
+
 def test_a_watcher_of_your_own_metric_against_its_name_is_warned_of(run_cli):
     own = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_err", "--trainer.callbacks.mode"]
     with pytest.warns(UserWarning, match="EarlyStopping watches val_err with mode=max, where its name says lower"):
@@ -358,18 +374,38 @@ def test_a_plain_lightning_datamodule_is_told_which_class_to_extend(tmp_path, mo
     assert "extends template.data.ImageDataModule (README: Swap the data)" in capsys.readouterr().err
 
 
+def test_a_best_score_of_part_of_the_validation_split_says_so(run_cli, capsys):
+    """validate said "on 64 images (of 180: limited...)", the fit's summary only "best val/acc 0.4531"."""
+    fitted = run_cli("fit", *QUICK, "--trainer.limit_val_batches", "1")
+    count, size = fitted.model.images_evaluated["val"], len(fitted.datamodule.datasets["val"])
+    assert count < size and f"on {count} of {size} val images (limited by" in capsys.readouterr().out
+    run_cli("fit", *QUICK)
+    assert re.search(r"best val/acc +[0-9.]+\n", capsys.readouterr().out)  # the whole split: as it was
+
+
 def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):
     run_cli("fit", "--trainer.logger", "false", *QUICK, "--trainer.limit_val_batches", "1")
     out = capsys.readouterr().out
     assert "best val/acc" in out and "tensorboard --logdir" not in out  # and no LearningRateMonitor error
 
 
-def test_a_plateau_schedule_without_its_metric_names_the_option_that_sets_it(tmp_path, capsys):
+def test_a_plateau_schedule_steps_at_each_validation_and_one_without_its_metric_names_the_option(run_cli, capsys):
+    """Stepped each epoch under check_val_every_n_epoch 2, it failed after the first: val/loss was not measured yet."""
+    plateau = ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau", "--model.lr_scheduler.patience"]
+    plateau += ["0", "--model.lr_scheduler.threshold", "10", "--trainer.limit_val_batches", "1"]  # no gain counts
+    every = [
+        "--trainer.check_val_every_n_epoch",
+        "2",
+        "--trainer.max_epochs",
+        "4",
+        "--trainer.limit_train_batches",
+        "2",
+    ]
+    trained = run_cli("fit", *plateau, *every)
+    assert trained.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.003 * 0.1**2)  # cut at each
     with pytest.raises(SystemExit):
-        main(["fit", *tiny_args(tmp_path / "runs"), *QUICK, "--trainer.limit_val_batches", "1",
-              "--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau",
-              "--trainer.check_val_every_n_epoch", "2"])  # fmt: skip
-    assert "(model.scheduler_monitor): with trainer.check_val_every_n_epoch above 1" in capsys.readouterr().err
+        main(["fit", *run_cli.tiny_args, *QUICK, *plateau, "--model.scheduler_monitor", "train/los"])
+    assert "train/los which is not available" in (err := capsys.readouterr().err) and "(model.scheduler_monitor)" in err
 
 
 @pytest.mark.parametrize(

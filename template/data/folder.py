@@ -225,6 +225,11 @@ class ImageFolderDataModule(ImageDataModule):
         if empty:
             problems.append(describe(empty, "empty class folder(s); remove them or add images"))
         known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")
+        for split in [split for split in ("val", "test") if folders.get(split) == {}]:  # else: no val/acc, no test
+            problems.append(
+                f"{self.root / split} has no class folders: expected {split}/<class>/<image files> as in train/, or "
+                f"remove it to draw the {split} split from train/ (data.{split}_fraction)"
+            )
         for split in ("val", "test"):
             if unknown := sorted(set(folders.get(split, {})) - known):
                 problems.append(

@@ -154,8 +154,9 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
 
 def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[Check, tuple | None]:
     """Dtype, finiteness and range of a few training batches, before and after normalisation."""
-    problems, warnings, first = [], [], None
+    problems, warnings, first, sizes = [], [], None, []
     for index, (images, labels) in zip(range(batches), datamodule.train_dataloader()):
+        sizes.append(len(images))
         if not (images.dtype == torch.uint8 or images.is_floating_point()):
             problems.append(f"batch {index}: images are {images.dtype}; expected uint8 or float")
             continue
@@ -173,7 +174,8 @@ def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[Check,
         return Check("data", "batches", "fail", "; ".join(problems), fix), first
     if warnings:
         return Check("data", "batches", "warn", "; ".join(warnings), "check the mean and std used to normalise"), first
-    detail = f"{batches} batches of {images.shape[0]}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
+    shown = f"{len(sizes)} batch(es) of {', '.join(map(str, sorted(set(sizes))))} images"  # an epoch may have fewer
+    detail = f"{shown}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
     return Check("data", "batches", "pass", detail), first
 
 

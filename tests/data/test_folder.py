@@ -261,6 +261,12 @@ def test_layout_problems_are_named(tmp_path):
     Image.new("RGB", (4, 4)).save(tmp_path / "test" / "emu" / "a.png")
     with pytest.raises(ValueError, match="test/ has class folder.*that train/ lacks: emu"):
         ImageFolderDataModule(str(tmp_path))
+    shutil.rmtree(tmp_path / "test")
+    # Loose images in val/ (or none): the fit trained on every image and validated on none, and exited 0.
+    (tmp_path / "val").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "val" / "a.png")
+    with pytest.raises(ValueError, match=r"val has no class folders: expected val/<class>/<image files> as in train/"):
+        ImageFolderDataModule(str(tmp_path))
 
 
 def test_broken_and_folder_symlinks_are_named_and_left_out(image_folder, tmp_path):

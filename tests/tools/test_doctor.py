@@ -306,3 +306,13 @@ def test_a_path_a_check_saw_is_shown_whole_in_a_narrow_terminal(capsys, monkeypa
         main(["doctor", "--trainer.accelerator", "cpu"])
     cells = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.count("│") == 5]
     assert "".join(cell[3].strip() for cell in cells).replace(" ", "") == clash.replace(" ", "")
+
+
+def test_the_batch_check_counts_the_batches_it_saw(image_folder, tmp_path):
+    """It said "3 batches of 8" (the count asked, the last batch's size) of a loader of 2 batches of 16 and 8."""
+    data = ImageFolderDataModule(str(image_folder), image_size=8, batch_size=16, cache_dir=str(tmp_path / "cache"))
+    data.setup("fit")
+    sizes = [len(labels) for _, labels in data.train_dataloader()]
+    assert len(sizes) < 3
+    check, _ = doctor.check_batches(data)
+    assert check.detail.startswith(f"{len(sizes)} batch(es) of {', '.join(map(str, sorted(set(sizes))))} images")
