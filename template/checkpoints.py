@@ -12,7 +12,7 @@ import re
 import stat
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from template.files import NotARegularFile, open_regular, remove_stale_temporaries, replaced_atomically
-from template.text import printable
+from template.text import printable, shown
 
 CHECKPOINT_ALIASES = ("best", "last")
 INTEGRITY_KEY = "integrity"
@@ -42,6 +42,13 @@ SETTINGS = re.compile(r"(param_groups\[\d+\]|^lr_schedulers\[\d+\])$")
 MOVED = re.compile(r"param_groups\[\d+\]/(lr)$|^/lr_schedulers.*/(last_epoch|_step_count)$")  # bounded: check_resume
 PROGRESS = {"params", "lr", "last_epoch", "_step_count", "_last_lr", "total_steps", "warmup_steps", "best", "T_i"}
 PROGRESS |= {"num_bad_epochs", "cooldown_counter", "T_cur"}
+# A schedule but warmup-cosine (re-planned) keeps the run length it was built for (OneCycleLR's phases).
+LENGTH_HELD = (
+    ", with the length of its run: a schedule other than warmup-cosine is planned once, so resume with the run's "
+    "max_epochs, max_steps and batch size; to train longer, start a new run from its weights (--weights_file)"
+)
+FACTORED = ("row_var", "col_var")  # Adafactor's per-parameter state of the parameter's rows and columns
+STEPS_COUNTED = ("optim_progress/optimizer/step/total/completed", "optim_step_progress/total/completed")
 CYCLED, RATE = {"momentum", "betas"}, re.compile(r"lrs?(\[\d+\])?$")
 
 
@@ -223,7 +230,7 @@ def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor
 def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True) -> None:
     """Load network weights from a Lightning checkpoint, a state_dict file or a state_dict, matched as
     ``match_keys`` does. With ``strict`` a key that does not match is an error naming it; without, a line."""
-    state_dict = load_checkpoint(source) if isinstance(source, str | Path) else source
+    state_dict = read_weights(source, weights_limit(net)) if isinstance(source, str | Path) else source
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     expected = net.state_dict()
     shapes = [f"{k} {tuple(stripped[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched]
@@ -233,7 +240,7 @@ def load_weights(net: nn.Module, source: str | Path | dict, strict: bool = True)
     if report and strict:
         raise RuntimeError("weights do not match the network; " + "; ".join(report) + " (strict: false loads the rest)")
     for line in report:
-        print(printable(f"not loaded, {line}"))  # key names from the file
+        print(shown(f"not loaded, {line}", markup=False))  # key names from the file
     net.load_state_dict({k: v for k, v in stripped.items() if k not in mismatched}, strict=False)
 
 
@@ -337,11 +344,21 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
     Other mismatches are another network's (resnet34's share resnet18's first 120 tensors): an error naming them."""
     state_dict = read_weights(path, weights_limit(net))
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
-    in_common = set(stripped) & set(net.state_dict())
-    found = []  # the mismatches that are not the classifier's
+    expected = net.state_dict()
+    in_common, found = set(stripped) & set(expected), []  # found: the mismatches that are not the classifier's
+    shapes = {
+        key: f"{key} {tuple(stripped[key].shape)} in the file, {tuple(expected[key].shape)} here" for key in mismatched
+    }
     for what, keys in (("other shapes", mismatched), ("not in the network", unexpected), ("not in the file", missing)):
-        if others := [key for key in keys if not key.startswith(f"{head}.")]:
+        if others := [shapes.get(key, key) for key in keys if not key.startswith(f"{head}.")]:
             found.append(f"{len(others)} {what} ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''})")
+    for key in mismatched:  # a convolution apart in its input channels alone: trained on images of other colours
+        file, here = stripped[key].shape, expected[key].shape
+        if len(file) == 4 == len(here) and (file[0], *file[2:]) == (here[0], *here[2:]):
+            found.append(
+                f"they take {file[1]}-channel images, this data has {here[1]} (an image folder's --data.channels)"
+            )
+            break
     if found or not in_common:
         raise ValueError(
             f"weights_file {path} is not of this network ({type(net).__name__}): "
@@ -403,7 +420,7 @@ def monitored_score(path: Path) -> tuple[str, float] | None:
     try:
         checkpoint = read_checkpoint(path, tensors=False)
     except CheckpointError as error:  # another best may be the run's: said, not fatal
-        rank_zero_warn(f"--ckpt_path best: passing over {printable(str(error))}")
+        rank_zero_warn(f"--ckpt_path best: passing over {shown(error, markup=False)}")
         return None
     for name, state in checkpoint.get("callbacks", {}).items():  # a dict: the layout is checked
         if (
@@ -516,12 +533,17 @@ def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = F
         raise DamagedCheckpointError(
             f"refusing {source}: its {key} is {value!r:.80}, where this run's recorded settings give {like!r:.80}: "
             "restored, it would train on with settings no record holds; use the run's own checkpoint"
+            + (LENGTH_HELD * key.startswith("lr_schedulers"))
         )
 
 
-def check_resume(value: dict, like: dict, source: str, optional: set[str] = frozenset()) -> None:
+def check_resume(
+    value: dict, like: dict, source: str, optional: set[str] = frozenset(), shapes: Sequence[Sequence] = ()
+) -> None:
     """``check_like``; then a saved learning rate from 0 to the highest any of this run's schedules sets (OneCycleLR's
-    and CyclicLR's max_lr, above their start; the others' base), schedule counts to the saved steps and epochs."""
+    and CyclicLR's max_lr, above their start; the others' base), schedule counts to the saved steps and epochs, those
+    the loops' own count; each optimizer's per-parameter state as ``check_optimizer_state`` holds it (``shapes``: of
+    each optimizer's parameters, in order)."""
     states = {name: like.get(name) for name in ("optimizer_states", "lr_schedulers")}
     cycled = any(name.endswith("/cycle_momentum") and on is True for name, on in _leaves(states))
     if missing := [key for key in like if key not in value and key not in OWN_CHECKS | optional]:  # would start over
@@ -532,6 +554,15 @@ def check_resume(value: dict, like: dict, source: str, optional: set[str] = froz
             f"weights: --weights_file {source}"
         )
     check_like(value, like, source, free=PROGRESS | CYCLED if cycled else PROGRESS)
+    # Lightning restores its step from the loops, and writes it beside them: the bounds below take that one.
+    counted = {v for k, v in _leaves(value.get("loops"), source) if k.endswith(STEPS_COUNTED)}
+    if counted and value.get("global_step") not in counted:  # (no count: loops Lightning fails to restore)
+        raise DamagedCheckpointError(
+            f"refusing {source}: its global_step is {value.get('global_step')!r:.40}, where its loops count "
+            f"{' or '.join(map(str, sorted(counted)))} optimizer steps: damaged or made up; use another checkpoint"
+        )
+    for index, (state, params) in enumerate(zip(value.get("optimizer_states") or (), shapes)):
+        check_optimizer_state(state, params, f"optimizer_states[{index}]", source, value["global_step"])
     peak = max((v for k, v in _leaves(states) if RATE.search(k) and type(v) in (int, float)), default=float("inf"))
     for name, moved in _leaves({name: value.get(name) for name in states}):
         if (found := MOVED.search(name)) and type(moved) in (int, float):
@@ -540,6 +571,40 @@ def check_resume(value: dict, like: dict, source: str, optional: set[str] = froz
                 raise DamagedCheckpointError(
                     f"refusing {source}: its {spoken(name)} is {moved!r}, where this run's schedules go from 0 to "
                     f"{bound:g}: damaged or made up; use another checkpoint"
+                )
+
+
+def check_optimizer_state(state: dict, shapes: Sequence, key: str, source: str, steps: int) -> None:
+    """Each parameter's state (Adam's moments, SGD's momentum): finite tensors of the parameter's shape (Adafactor's
+    factors: one that broadcasts to it), or scalars; a ``step`` from 1 to the run's ``steps``. torch restores any
+    tensor: a NaN moment showed only as NaN weights after the first step, another shape as a broadcasting error."""
+    for name in ("optimizer", "lookahead"):  # Lookahead's: its inner optimizer's state, and its own (slow weights)
+        if isinstance(state.get(name), dict):
+            check_optimizer_state(state[name], shapes, f"{key}.{name}", source, steps)
+    order = [index for group in state.get("param_groups") or () for index in group.get("params") or ()]
+    shape_of = dict(zip(order, map(tuple, shapes)))  # as torch's load_state_dict pairs them: in order
+    for index, per_parameter in (state.get("state") or {}).items():
+        if index not in shape_of or not isinstance(per_parameter, dict):
+            raise DamagedCheckpointError(f"refusing {source}: its {key}.state holds {index!r:.40}, no parameter's")
+        shape = shape_of[index]
+        for name, item in per_parameter.items():
+            at = f"{key}.state[{index}].{name}"
+            if item is None:  # SGD's momentum_buffer without momentum
+                continue
+            if not isinstance(item, torch.Tensor | int | float) or isinstance(item, bool):
+                raise DamagedCheckpointError(f"refusing {source}: its {at} is {item!r:.40}, no tensor or number")
+            tensor, factored = torch.as_tensor(item), name in FACTORED
+            fits = tensor.ndim == 0 or tuple(tensor.shape) == shape or factored and tensor.ndim == len(shape)
+            fits &= all(n in (1, m) for n, m in zip(tensor.shape, shape)) if factored else True
+            if not fits or not tensor.isfinite().all():
+                what = "not finite" if fits else f"of shape {tuple(tensor.shape)}, not its parameter's {shape}"
+                raise DamagedCheckpointError(
+                    f"refusing {source}: its {at} is {what}: damaged or made up; use another checkpoint"
+                )
+            if name == "step" and not 1 <= float(tensor) <= max(1, steps):
+                raise DamagedCheckpointError(
+                    f"refusing {source}: its {at} is {float(tensor):g}, where the run took {steps} optimizer steps: "
+                    "damaged or made up; use another checkpoint"
                 )
 
 

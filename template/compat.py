@@ -70,7 +70,10 @@ class _NamingRestore(_CheckpointConnector):
             if self._loaded_checkpoint and not self.rolling_back:
                 like = self.dump_checkpoint(weights_only=False)
                 anew = {type(self.trainer.precision_plugin).__qualname__}  # another precision's state (a scaler's)
-                check_resume(self._loaded_checkpoint, like, str(self._ckpt_path), anew)
+                shapes = [
+                    [p.shape for group in o.param_groups for p in group["params"]] for o in self.trainer.optimizers
+                ]
+                check_resume(self._loaded_checkpoint, like, str(self._ckpt_path), anew, shapes)
             super().restore_training_state()
 
 

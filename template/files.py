@@ -34,6 +34,15 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
         os.close(directory)
 
 
+def walk(folder: Path, max_depth: int) -> Iterator[Path]:
+    """Every folder and file below ``folder``, top-down, links listed but not followed; a ValueError naming it where
+    folders nest past ``max_depth`` (Path.rglob recurses a stack frame a level: a RecursionError naming nothing)."""
+    for parent, folders, files in os.walk(folder):
+        if len(Path(parent).relative_to(folder).parts) > max_depth:
+            raise ValueError(f"{folder} nests folders over {max_depth} deep")
+        yield from (Path(parent, name) for name in folders + files)
+
+
 def write_atomic(path: Path, text: str) -> None:
     with replaced_atomically(path) as temporary:
         temporary.write_text(text)

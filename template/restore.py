@@ -45,11 +45,11 @@ from template.checkpoints import (
     strip_prefixes,
 )
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
-from template.files import read_at_most
+from template.files import read_at_most, walk
 from template.nets.shape import network_arguments, parameters, parameters_of, type_hints
 from template.options import DEFAULT_CONFIG, given_configs, option_values
 from template.runs import runs_dir
-from template.text import printable
+from template.text import shown
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
@@ -81,7 +81,7 @@ SPLIT_NAMES = re.compile(r"(^|_)(splits?|folds?|fractions?|seed)$")
 NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
-MAX_RUN_ENTRIES = 10_000  # files and folders in a run directory a fit resumes into
+MAX_RUN_ENTRIES, MAX_RUN_DEPTH = 10_000, 16  # files and folders in a run directory a fit resumes into, and levels
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
          "optimizer": torch.optim.Optimizer,
          "scheduler": (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)}  # fmt: skip
@@ -363,7 +363,7 @@ def restore(
         refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
     if not 0 < (trained["num_classes"] or 1) <= MAX_CLASSES:
         refuse(source, "hyper_parameters.num_classes", trained["num_classes"], f"not 1 to {MAX_CLASSES:,}")
-    check_names(names, "hyper_parameters.class_names", source)
+    check_names(names, "hyper_parameters.class_names", source, trained["num_classes"])
     if isinstance(net := config.get("model", {}).get("init_args", {}).get("net"), dict):
         check_network(net, checkpoint, source, trained)
     run_dir = own_run(path, runs_dir)
@@ -378,12 +378,20 @@ def restore(
     return Restored(Path(path), config, trained, preprocessing, run_dir)
 
 
-def check_names(names: list, key: str, source: str) -> None:
-    """Refuse class names no classifier has: more than ``MAX_CLASSES``, or one longer than a folder's name can be."""
+def check_names(names: list, key: str, source: str, count: int | None = None) -> None:
+    """Refuse class names no classifier has: more than ``MAX_CLASSES`` (or than its ``count`` of classes), one longer
+    than a folder's name can be, empty, twice, or with a control character (a terminal's escape, a line break): an
+    export carries them to a deployment that prints them."""
     if len(names) > MAX_CLASSES:
         refuse(source, key, f"{len(names):,} names", f"over {MAX_CLASSES:,} classes")
+    if names and count is not None and len(names) != count:
+        refuse(source, key, f"{len(names):,} names", f"not one for each of its {count:,} classes")
     if long := next((name for name in names if not isinstance(name, str) or len(name) > MAX_CLASS_NAME), None):
         refuse(source, key, f"{str(long)[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
+    if (odd := next((name for name in names if not name or not name.isprintable()), None)) is not None:
+        refuse(source, key, odd, "a class name that is empty or not printable")
+    if twice := [name for name, times in collections.Counter(names).items() if times > 1]:
+        refuse(source, key, twice[0], "a class name given twice")
 
 
 def check_network(spec: dict, checkpoint: dict, source: str, trained: dict) -> None:
@@ -493,7 +501,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     if ckpt_path in CHECKPOINT_ALIASES:
         monitor = (config.get("checkpoint") or {}).get("monitor")  # the best by the command's metric
         alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config), monitor)
-        rank_zero_only(print)(printable(f"--ckpt_path {alias} -> {ckpt_path}"))  # run names from the disk
+        rank_zero_only(print)(shown(f"--ckpt_path {alias} -> {ckpt_path}", markup=False))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
     own = class_paths(config.as_dict()) | set(option_values(args, *DATA_CLASS))
@@ -504,7 +512,7 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     if taken := {name: value for name, value in restored.config.get("trainer", {}).items() if name not in given}:
         settings = ", ".join(f"{name}={value!r}" for name, value in taken.items())  # the run's, a stranger's too
         message = f"resuming with its config.yaml's trainer settings where no option is given: {settings}"
-        rank_zero_only(print)(printable(message))
+        rank_zero_only(print)(shown(message, markup=False))
     return restored
 
 
@@ -622,11 +630,15 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
     # What a run writes on into must be its own folders and files: a link would lead a write out of it (a hard link
     # too: a file with a second name elsewhere, which a write in place, Lightning's hparams.yaml, changes there), and
     # a FIFO or device by a name it opens would wait forever. More entries than a run makes is no run of this recipe.
-    entries = list(itertools.islice(run_dir.rglob("*"), MAX_RUN_ENTRIES + 1))  # links to folders: not entered
+    try:
+        entries, deep = list(itertools.islice(walk(run_dir, MAX_RUN_DEPTH), MAX_RUN_ENTRIES + 1)), False
+    except ValueError:
+        entries, deep = [], True
     odd = [str(p) for p in entries if not own_entry(p)]
-    if odd or len(entries) > MAX_RUN_ENTRIES:
+    if odd or deep or len(entries) > MAX_RUN_ENTRIES:
         listed = ", ".join(odd[:3])
         why = f"symbolic or hard links, or special files ({listed})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
+        why = f"folders nested over {MAX_RUN_DEPTH} deep" if deep else why
         rank_zero_warn(f"{run_dir} holds {why}: resumed into a new run directory")
         return None
     return run_dir

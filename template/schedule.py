@@ -82,6 +82,7 @@ class WarmupCosine(LRScheduler):
     def load_state_dict(self, state_dict: dict) -> None:
         # A run resumed with another length (epochs, batch size, images...) is re-planned as training starts.
         super().load_state_dict(state_dict)
+        self.warmup_steps = round(self.warmup_fraction * self.total_steps)  # derived, never a file's
         self.resumed = True
 
     def replan(self, total_steps: int, unit: str = "optimizer steps") -> None:

@@ -205,6 +205,14 @@ def test_predict_refuses_a_checkpoint_that_would_run_code(tmp_path, capsys, monk
     assert not marker.exists()
 
 
+def test_load_weights_of_a_file_of_no_tensors_names_the_file(tmp_path):
+    """match_keys asked a number for its shape: "AttributeError: 'int' object has no attribute 'shape'"."""
+    for name, saved in (("numbers.pt", {"stem.0.weight": 0}), ("text.pt", {"state_dict": "hello"})):
+        torch.save(saved, tmp_path / name)
+        with pytest.raises(CheckpointError, match=f"{tmp_path / name} holds no state_dict of named tensors"):
+            load_weights(ResNetSmall(10, 1), tmp_path / name)
+
+
 def test_load_weights_strips_wrapper_prefixes_and_names_mismatches(tmp_path, capsys):
     source = ResNetSmall(10, 1)
     wrapped = {f"net._orig_mod.{k}": v for k, v in source.state_dict().items()}  # compiled, inside the module

@@ -586,7 +586,7 @@ def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained,
     assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()
 
 
-@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "hard link", "too many entries"])
+@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "hard link", "too many entries", "1,500 levels"])
 def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(trained, tmp_path, plant):
     """A FIFO by a name the run opens (it would wait forever), a link one folder down, a file with a second name
     elsewhere (a write in place lands there too), a folder of a million files: not the run's own, so a fit resumes
@@ -602,11 +602,22 @@ def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(tr
     elif plant == "hard link":
         (run_dir / "checkpoints" / "deeper").mkdir()
         os.link(run_dir / "hparams.yaml", run_dir / "checkpoints" / "deeper" / "note")
-    else:
+    elif plant == "too many entries":
         for i in range(restore.MAX_RUN_ENTRIES):
             (run_dir / f"{i}.txt").touch()
+    else:  # Path.rglob recursed a frame a level: "maximum recursion depth exceeded", naming nothing
+        here = os.getcwd()
+        os.chdir(run_dir)
+        try:
+            for _ in range(1500):
+                os.mkdir("d")
+                os.chdir("d")
+        finally:
+            os.chdir(here)
     with pytest.warns(UserWarning, match="resumed into a new run directory"):
         assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") is None
+    for level in range(1500, 0, -1) if plant == "1,500 levels" else ():  # shutil.rmtree recurses a frame a level
+        os.rmdir(Path(run_dir, *["d"] * level))
 
 
 @pytest.mark.parametrize("linked", ["metrics.csv", "checkpoints/last.ckpt"])
@@ -981,6 +992,33 @@ STATE_ATTACKS = {
         "net.head.weight",
         lambda c: c["state_dict"]["net.head.weight"].fill_(float("nan")),
     ),
+    # Restored as they are by torch: NaN weights after the first step, or a broadcasting error naming no file.
+    "a NaN moment of the optimizer": (
+        "fit",
+        "optimizer_states[0].state[0].exp_avg is not finite",
+        lambda c: c["optimizer_states"][0]["state"][0]["exp_avg"].fill_(float("nan")),
+    ),
+    "an optimizer moment of another shape": (
+        "fit",
+        "optimizer_states[0].state[0].exp_avg is of shape (1,), not its parameter's (32, 1, 3, 3)",
+        lambda c: c["optimizer_states"][0]["state"][0].update(exp_avg=torch.zeros(1)),
+    ),
+    "an optimizer's step count below 1": (
+        "fit",
+        "optimizer_states[0].state[0].step is -1",
+        lambda c: c["optimizer_states"][0]["state"][0].update(step=torch.tensor(-1.0)),
+    ),
+    "a state of no parameter": (
+        "fit",
+        "state holds 999",
+        lambda c: c["optimizer_states"][0]["state"].update({999: {}}),
+    ),
+    # The schedule's counters were bounded by this number, which Lightning only writes: it counts steps by the loops.
+    "a global step the loops do not count": (
+        "fit",
+        "its global_step is 2147483648, where its loops count",
+        lambda c: [c.update(global_step=2**31), c["lr_schedulers"][0].update(last_epoch=2**31, _step_count=2**31)],
+    ),
     "complex weights": ("validate", "head.weight", lambda c: weights_as(c, torch.complex64)),
     "whole-number weights": ("validate", "head.weight", lambda c: weights_as(c, torch.int64)),
 }
@@ -1189,6 +1227,19 @@ def test_a_resumed_runs_config_yaml_reruns_the_run_from_scratch(trained, tmp_pat
     assert last.read_bytes() == resumed
 
 
+def test_a_run_folder_named_with_a_line_break_is_resumed_twice(trained, tmp_path, monkeypatch):
+    """The comment naming the checkpoint carried the break into config.yaml: the rest of the name became YAML, which
+    the next resume refused, and a --config of it failed."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "x\n--- |" / "version_0")
+    quick = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    main(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), *quick])
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["ckpt_path"] is None
+    quick[1] = "3"
+    main(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), *quick])
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 2
+
+
 BIG_NET = {
     "class_path": "template.nets.ResNet",
     "init_args": {"in_channels": 0, "widths": [4096], "blocks_per_stage": [1]},
@@ -1201,6 +1252,11 @@ BIG_NET = {
         ({"num_classes": 2**32 - 1, "class_names": None}, "num_classes"),  # a list of 4 billion names to make
         ({"class_names": [f"c{index}" for index in range(70_000)]}, "class_names"),
         ({"class_names": ["a" * 300] * 10}, "class_names"),  # repeated in every row of predictions.csv
+        # An export carries them to a deployment that indexes and prints them: one per class, each a printable name.
+        ({"class_names": ["0", "1", "2"]}, "class_names"),
+        ({"class_names": [*"012345678", "cat\x1b]0;pwned\x07"]}, "class_names"),
+        ({"class_names": [*"012345678", "0"]}, "class_names"),
+        ({"class_names": [*"012345678", ""]}, "class_names"),
         ({"input_shape": [64, 4096, 4096]}, "input_shape"),  # an 8 GiB example batch
         ({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.LambdaLR", "init_args": {"lr_lambda": 0.5}}},
          "lr_scheduler.init_args.lr_lambda"),  # its annotation names Callable, imported for type checkers only

@@ -159,3 +159,14 @@ def test_a_schedule_the_run_cannot_play_out_as_written_is_named_in_a_warning():
     assert not [warning for scheduler in fitting for warning in plan_warnings(scheduler)]
     assert not plan_warnings(WarmupCosine(sgd(), total_steps=12), "step")
     assert not plan_warnings(lr.StepLR(sgd(), step_size=5), max_epochs=-1)  # max_epochs -1: no length to hold it to
+
+
+def test_a_onecycle_run_resumed_for_longer_is_told_its_schedule_keeps_its_length(run_cli, tmp_path, capsys):
+    """The refusal quoted OneCycleLR's internal _schedule_phases and said nothing of the run's length."""
+    quick = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    one_cycle = ["--model.lr_scheduler", "torch.optim.lr_scheduler.OneCycleLR", "--model.lr_scheduler.max_lr", "0.01"]
+    run_cli("fit", *quick, "--trainer.max_epochs", "1", *one_cycle)
+    with pytest.raises(SystemExit):
+        main(["fit", *run_cli.tiny_args, *quick, "--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    error = capsys.readouterr().err
+    assert "_schedule_phases" in error and "resume with the run's max_epochs" in error and "--weights_file" in error

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from template.files import replaced_atomically, write_atomic
 from template.runs import loggers_of
+from template.text import shown
 from template.tracking import RUN_IDS, TRACKER_RUNS, record_trackers
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "numpy", "jsonargparse")
@@ -120,7 +121,8 @@ class RunRecord(SaveConfigCallback):
         with replaced_atomically(self.pending) as temporary:
             self.parser.save(config, temporary, skip_none=False, overwrite=True, multifile=self.multifile)
             if resumed:
-                said = f"# resumed from {Path(resumed).resolve()} (fit --ckpt_path it: resumed again); as --config, "
+                said = f"# resumed from {shown(Path(resumed).resolve(), markup=False)} (fit --ckpt_path it: resumed "
+                said += "again); as --config, "
                 said += "this file trains the run anew\n"
                 temporary.write_text(said + temporary.read_text())
         self.pending = None

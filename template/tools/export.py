@@ -7,6 +7,7 @@ extra files); it is read back and run beside the original, and fails if that met
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from template.files import replaced_atomically
 from template.module import ClassificationModule
 from template.restore import OWN_OPTIONS, build, restore
 from template.runs import DEFAULT_RUNS_DIR
-from template.text import printable
+from template.text import printable, shown
 
 FORMATS = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx"}
 # The exported network as read back from its file, and the metadata the file carries.
@@ -83,6 +84,34 @@ class MultiCrop(nn.Module):
         return multi_crop_logits(self.net, images, self.flip, self.translate)
 
 
+PARITY_BATCH = 3  # images of the parity check: another count than the example's 2 (a dynamic batch dimension)
+
+
+def check_memory(spec: dict, input_shape: list[int], source: Path) -> None:
+    """Refuse an input shape whose example and parity batches would take over half this machine's memory in the
+    network's activations: its largest output of a module for one image, thrice (with its input and a temporary),
+    counted on the meta device (nothing allocated)."""
+    outputs = []
+    with torch.device("meta"):
+        meta = build(spec)
+    hooks = [m.register_forward_hook(lambda m, i, out: outputs.append(out)) for m in meta.modules()]
+    try:
+        with torch.no_grad():
+            meta(torch.empty(1, *input_shape, device="meta"))
+    except Exception:  # a network that reads values as it runs (.item()): no estimate, the export tells
+        return
+    finally:
+        for hook in hooks:
+            hook.remove()
+    largest = max((o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor)), default=0)
+    needed = 3 * (2 + PARITY_BATCH) * largest
+    if needed > (memory := os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2:
+        raise ValueError(
+            f"refusing {source}: its input_shape {input_shape} takes {needed / 2**30:,.1f} GiB of activations to "
+            f"export and check, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
+        )
+
+
 def export(
     ckpt_path: str | Path,
     fmt: str,
@@ -109,6 +138,7 @@ def export(
     load_weights(net, read_checkpoint(ckpt_path), strict=True)  # its tensors, checked against their digest
     if not hparams.get("input_shape"):
         raise ValueError("the checkpoint does not record its input shape (model.input_shape)")
+    check_memory(spec, hparams["input_shape"], restored.path)
     path = Path(output) if output else Path(ckpt_path).with_suffix(FORMATS[fmt])
     if path.is_dir():
         raise ValueError(f"--output {path} is a folder: give the file to write, e.g. {path / ('net' + FORMATS[fmt])}")
@@ -147,7 +177,7 @@ def export(
         if lost := [key for key, value in metadata.items() if carried.get(key) != value]:
             raise RuntimeError(f"the {fmt} file {path} does not read back its metadata {', '.join(lost)}")
         # Parity on a fresh batch of another size than the example (dynamic batch dimension).
-        batch = torch.randn(5, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
+        batch = torch.randn(PARITY_BATCH, *hparams["input_shape"], generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             difference = (exported(batch).float() - evaluated(batch).float()).abs().max().item()
         print(
@@ -182,7 +212,7 @@ def main(args: list[str]) -> None:
     try:
         if ckpt_path in CHECKPOINT_ALIASES:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
-            print(printable(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}"))
+            print(shown(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}", markup=False))
         own = {getattr(options, option[2:]) for option in OWN_OPTIONS.values()} - {None}
         export(ckpt_path, options.fmt, options.output, options.tolerance, own)
     except (CheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:

@@ -44,7 +44,7 @@ try:
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
-from template.files import write_atomic
+from template.files import walk, write_atomic
 from template.runs import check_own_folders, is_tensorboard, loggers_of
 from template.tools import fits
 
@@ -146,13 +146,20 @@ def checked_params(trial, space: dict[str, dict], source: str, error: type[Excep
     return params
 
 
-def checked_run(trial, run_dir: Path, sign: float, monitor: str, source: str) -> None:
-    """A trial's value as its run's best checkpoint recorded it: any worker can write a trial, with any value, into the
-    study's database; only a run here backs it (another machine's, on no shared folder, is passed over too)."""
-    bests = [path for path in run_dir.glob("checkpoints/**/*.ckpt") if path.stem not in ("last", "preempted")]
-    scores = [sign * scored[1] for path in bests if (scored := monitored_score(path)) and scored[0] == monitor]
-    if not (run_dir / "config.yaml").is_file() or not any(math.isclose(score, trial.value) for score in scores):
+def checked_run(trial, run_dir: Path, sign: float, monitor: str, source: str) -> Path:
+    """The best checkpoint of a trial's run that records the trial's value: any worker can write a trial, with any
+    value, into the study's database; only a run here backs it (another machine's, on no shared folder, is passed
+    over too)."""
+    try:  # any name checkpoint.filename gives, in folders too ({val/acc}: a val/ folder)
+        found = list(walk(run_dir / "checkpoints", 4)) if (run_dir / "checkpoints").is_dir() else []
+    except ValueError as error:
+        raise ValueError(f"refusing {source}: {error}") from None
+    bests = [path for path in found if path.suffix == ".ckpt" and path.stem not in ("last", "preempted")]
+    scores = {path: sign * scored[1] for path in bests if (scored := monitored_score(path)) and scored[0] == monitor}
+    backing = [path for path, score in scores.items() if math.isclose(score, trial.value)]
+    if not (run_dir / "config.yaml").is_file() or not backing:
         raise ValueError(f"refusing {source}: {run_dir} has no config.yaml and best checkpoint of {trial.value!r}")
+    return backing[0]
 
 
 @functools.cache
@@ -174,7 +181,8 @@ def schema_of(database: sqlite3.Connection) -> list[tuple]:
 
 def check_database(path: Path, storage_url: str) -> None:
     """Refuse a SQLite study file whose schema is not one Optuna makes (SQL of its author's, in a view, a trigger,
-    an index's expression or a CHECK, runs inside Optuna's queries) or whose JSON nests past Optuna's reader."""
+    an index's expression or a CHECK, runs inside Optuna's queries), whose JSON nests past Optuna's reader, or whose
+    trials hold values it cannot read back."""
     if not path.is_file():
         return
     known = optuna_schema()
@@ -188,6 +196,8 @@ def check_database(path: Path, storage_url: str) -> None:
                 for name, column in JSON_COLUMNS.items()
                 if name in tables and database.execute(DEEP_JSON.format(name, column), (MAX_BRACKETS,)).fetchone()
             ]
+            rows = "SELECT param_value, distribution_json FROM trial_params"
+            stored = database.execute(rows).fetchall() if "trial_params" in tables and not deep else []
     except sqlite3.DatabaseError as error:
         raise ValueError(f"--storage {storage_url}: not a readable SQLite database ({error})") from None
     if unknown:
@@ -202,6 +212,18 @@ def check_database(path: Path, storage_url: str) -> None:
             f"refusing --storage {storage_url}: its table {deep[0]} holds JSON with over {MAX_BRACKETS} brackets, nested "
             "past what Optuna's reader (json.loads) can read; use a study database Optuna made, or another --storage"
         )
+    for value, distribution in stored:  # a categorical's stored index past its choices: an IndexError naming nothing
+        try:
+            parsed = optuna.distributions.json_to_distribution(distribution)
+            choices = parsed.choices if isinstance(parsed, optuna.distributions.CategoricalDistribution) else None
+            fits = choices is None or float(value).is_integer() and 0 <= value < len(choices)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"refusing --storage {storage_url}: a trial's parameter is {value!r} of {distribution!s:.80}, which "
+                "Optuna cannot read back: damaged, or written by another program; use another --storage"
+            )
 
 
 def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
@@ -354,7 +376,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
         source = f"trial {best.number} of study {study.study_name}"
         try:
             params = checked_params(best, space, source)
-            checked_run(best, run_dirs[best.number], 1.0 if maximize else -1.0, monitor, source)
+            checkpoint = checked_run(best, run_dirs[best.number], 1.0 if maximize else -1.0, monitor, source)
             break
         except ValueError as error:
             console.print(f"{shown(error)}: passed over")  # the error quotes the trial's names and values
@@ -371,6 +393,7 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
     console.print(f"best trial       {best.number}: {shown(monitor)} {best.value:.4f}")
     console.print(f"its config       {shown(out_dir / 'best.yaml')}")
+    console.print(f"its checkpoint   {shown(checkpoint)} (--ckpt_path best: the latest run's, another trial's)")
     console.print(f"all trials       {shown(out_dir / 'trials.csv')}")
 
 

@@ -62,7 +62,7 @@ def test_each_export_passes_its_parity_check(checkpoint, tmp_path, fmt, capsys, 
     path = export(checkpoint, fmt, tmp_path / f"net{FORMATS[fmt]}")
     assert path.is_file()
     printed = capsys.readouterr().out
-    assert "parity: max |exported - original| =" in printed and "on a batch of 5" in printed
+    assert "parity: max |exported - original| =" in printed and "on a batch of 3" in printed
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)  # the umask's, like every other output
 
 
@@ -115,6 +115,18 @@ def test_an_export_evaluates_as_predict_does_with_the_checkpoints_test_time_augm
             assert "preprocessing" in keys and "tta" not in keys  # in the graph: no reader applies it twice
     with safe_open(str(export(checkpoint, "safetensors", tmp_path / "net.safetensors")), "pt") as file:
         assert json.loads(file.metadata()["tta"]) == {"flip": True, "translate": 1}
+
+
+def test_an_input_shape_too_large_to_export_here_is_refused_before_any_batch(checkpoint, tmp_path, monkeypatch):
+    """A file's input_shape of 4096x4096 made the parity batch's first activation take 10.7 GB."""
+    edited = torch.load(checkpoint, weights_only=True)
+    edited["hyper_parameters"]["input_shape"] = [1, 1024, 1024]
+    edited["DigitsDataModule"]["preprocessing"].update(input_shape=[1, 1024, 1024], resize_size=[1024, 1024])
+    torch.save(edited, tmp_path / "large.ckpt")
+    monkeypatch.setattr(os, "sysconf", {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 18}.get)  # a 1 GiB machine
+    with pytest.raises(ValueError, match=r"input_shape \[1, 1024, 1024\] takes 1.9 GiB of activations to export"):
+        export(tmp_path / "large.ckpt", "safetensors", tmp_path / "large.safetensors")
+    assert not (tmp_path / "large.safetensors").exists()
 
 
 def test_a_parity_failure_fails_the_export_and_leaves_no_file(checkpoint, tmp_path):

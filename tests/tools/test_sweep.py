@@ -16,6 +16,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from template.checkpoints import monitored_score
 from template.commands import main
 from template.tools.sweep import one_process, read_space, report, same_study
 
@@ -106,6 +107,10 @@ def test_hopeless_trials_are_pruned_and_the_best_yaml_refits_to_the_recorded_met
     assert list(trials[2].intermediate_values) == [0]  # reported its first epoch, then stopped
     assert not list((tmp_path / "runs" / "lr" / "trial_002").glob("checkpoints/best*"))
     best = max(trials[:2], key=lambda trial: trial.value)
+    # Its checkpoint is named: --ckpt_path best takes the latest run's, the last trial's.
+    named = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("its checkpoint"))
+    checkpoint = Path(named.split()[2])
+    assert checkpoint.parents[1].name == f"trial_{best.number:03d}" and monitored_score(checkpoint)[1] == best.value
     best_yaml = tmp_path / "runs" / "lr" / "best.yaml"
     config = yaml.safe_load(best_yaml.read_text())
     assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == best.params["model.optimizer.init_args.lr"]
@@ -336,6 +341,21 @@ def test_json_nested_past_optuna_s_reader_is_refused_naming_the_database_and_tab
         with pytest.raises(SystemExit):
             main(sweep)
         assert f"refusing --storage sqlite:///{database}: its table {table} holds JSON" in capsys.readouterr().err
+
+
+def test_a_trials_choice_past_its_choices_is_refused_naming_the_database(tmp_path, monkeypatch, capsys):
+    """Optuna indexed the choices with it: "IndexError: tuple index out of range", naming nothing."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoothing.yaml").write_text("model.label_smoothing: {type: categorical, choices: [0.0, 0.1]}\n")
+    sweep = ["sweep", "--space", "smoothing.yaml", *QUICK]
+    main([*sweep, "--n_trials", "1"])
+    database = tmp_path / "runs" / "optuna.db"
+    with sqlite3.connect(database) as study:
+        assert study.execute("UPDATE trial_params SET param_value = 99").rowcount
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*sweep, "--n_trials", "2"])
+    assert f"refusing --storage sqlite:///{database}: a trial's parameter is 99.0 of" in capsys.readouterr().err
 
 
 def test_a_complete_trial_planted_in_the_database_is_never_the_best_one(tmp_path, monkeypatch, capsys):
