@@ -161,7 +161,8 @@ class ClassificationModule(L.LightningModule):
         self.log(f"{split}/loss", getattr(self, f"{split}_loss"))
         self.log(f"{split}/acc", getattr(self, f"{split}_acc"), prog_bar=True)
         counter = getattr(self, f"{split}_images")
-        self.images_evaluated[split] = int(counter.compute())
+        if not self.trainer.sanity_checking:  # its few batches: not what a score of the run covered
+            self.images_evaluated[split] = int(counter.compute())
         counter.reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -215,7 +215,11 @@ def check_logged(trainer: Any) -> None:
     logged = sorted(name for name in trainer.callback_metrics if name.startswith("val"))
     for name, monitor, _, strict in watchers(trainer) if logged else ():  # none: a module logging after the check
         if strict and monitor.startswith("val") and monitor not in logged:
-            raise ValueError(f"{name} watches {monitor}, which validation does not log; it logs {', '.join(logged)}")
+            said = f"{name} watches {monitor}, which validation does not log; it logs {', '.join(logged)}"
+            if monitor in OWN_MODES:  # the recipe's own: a subclass's hook that never called super()
+                said += "; a module that overrides on_validation_epoch_end calls super() there: ClassificationModule "
+                said += "logs val/loss and val/acc in it"
+            raise ValueError(said)
 
 
 # Lightning's "💡 Tip" lines advertise its other products: not what a run reports.

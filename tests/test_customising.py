@@ -381,6 +381,9 @@ def test_a_best_score_of_part_of_the_validation_split_says_so(run_cli, capsys):
     assert count < size and f"on {count} of {size} val images (limited by" in capsys.readouterr().out
     run_cli("fit", *QUICK)
     assert re.search(r"best val/acc +[0-9.]+\n", capsys.readouterr().out)  # the whole split: as it was
+    # A resume that trains nothing validates only in the sanity check: its two batches were counted as the score's.
+    run_cli("fit", *QUICK, "--ckpt_path", "last")
+    assert re.search(r"best val/acc +[0-9.]+\n", capsys.readouterr().out)
 
 
 def test_a_run_without_a_logger_trains_and_promises_no_curves(run_cli, capsys):

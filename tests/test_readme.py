@@ -168,7 +168,7 @@ def test_a_subclass_that_forgets_super_in_an_epoch_end_hook_is_told_to_call_it(r
         main(["fit", *run_cli.tiny_args, "--model", "my_module.F1Module", "--trainer.max_epochs", "1",
               "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2"])  # fmt: skip
     error = capsys.readouterr().err
-    assert "monitor='val/acc'" in error and "overrides on_validation_epoch_end" in error and "calls super()" in error
+    assert "watches val/acc" in error and "overrides on_validation_epoch_end" in error and "calls super()" in error
     sys.modules.pop("my_module", None)
 
 

@@ -118,9 +118,11 @@ def export(
     output: str | Path | None = None,
     tolerance: float = 1e-4,
     own: set[str] = frozenset(),
+    with_tta: bool = True,
 ) -> Path:
     """Export the network of a checkpoint; returns the path written. Raises if parity fails. ``own``: class paths
-    of the user's own code the checkpoint may name (as ``--model`` names them to the other commands)."""
+    of the user's own code the checkpoint may name (as ``--model`` names them to the other commands). ``with_tta``:
+    its test-time augmentation with it (False: the bare network, one forward pass an image)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     restored = restore(ckpt_path, ClassificationModule, None, fit=False, own=own)  # names and literals: nothing run
@@ -165,6 +167,7 @@ def export(
     example = torch.randn(2, *hparams["input_shape"])
     # Test-time augmentation as the module evaluates: in a TorchScript or ONNX graph, in a safetensors file's metadata.
     tta = {"flip": module_args.get("flip_tta") is True, "translate": module_args.get("tta_translate") or 0}
+    tta = tta if with_tta else {}
     evaluated = MultiCrop(net, **tta) if any(tta.values()) and fmt != "safetensors" else net
     metadata |= {"tta": json.dumps(tta)} if any(tta.values()) and fmt == "safetensors" else {}  # the graphs apply it
     with replaced_atomically(path) as written:  # checked before it takes the name: a failed export leaves no file
@@ -200,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, choices=list(FORMATS), dest="fmt")
     parser.add_argument("--output", help="where to write (default: beside the checkpoint)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed logit difference")
+    parser.add_argument("--no_tta", action="store_true", help="the bare network: no flip_tta, tta_translate")
     for option in OWN_OPTIONS.values():
         parser.add_argument(option, help="a class of your own the checkpoint names, as fit named it")
     return parser
@@ -214,7 +218,7 @@ def main(args: list[str]) -> None:
             ckpt_path = find_checkpoint(ckpt_path, options.runs_dir)
             print(shown(f"--ckpt_path {options.ckpt_path} -> {ckpt_path}", markup=False))
         own = {getattr(options, option[2:]) for option in OWN_OPTIONS.values()} - {None}
-        export(ckpt_path, options.fmt, options.output, options.tolerance, own)
+        export(ckpt_path, options.fmt, options.output, options.tolerance, own, with_tta=not options.no_tta)
     except (CheckpointError, ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"{parser.prog}: error: {printable(str(error))}", file=sys.stderr)  # a file's text: no escapes run
         raise SystemExit(1) from None

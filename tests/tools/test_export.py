@@ -115,6 +115,12 @@ def test_an_export_evaluates_as_predict_does_with_the_checkpoints_test_time_augm
             assert "preprocessing" in keys and "tta" not in keys  # in the graph: no reader applies it twice
     with safe_open(str(export(checkpoint, "safetensors", tmp_path / "net.safetensors")), "pt") as file:
         assert json.loads(file.metadata()["tta"]) == {"flip": True, "translate": 1}
+    # --no_tta: the bare network, one forward pass an image, as a deployment that wants the speed asks.
+    bare_onnx = ["--format", "onnx", "--output", str(tmp_path / "bare.onnx"), "--no_tta"]
+    main(["export", "--ckpt_path", str(checkpoint), *bare_onnx])
+    session = onnxruntime.InferenceSession(str(tmp_path / "bare.onnx"), providers=["CPUExecutionProvider"])
+    logits = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: images.numpy()})[0])
+    assert torch.allclose(logits, bare, atol=1e-4)
 
 
 def test_an_input_shape_too_large_to_export_here_is_refused_before_any_batch(checkpoint, tmp_path, monkeypatch):
