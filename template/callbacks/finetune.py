@@ -5,6 +5,7 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.optim import Optimizer
 
+from template.compat import batches_done_in_epoch
 from template.module import parameter_groups
 from template.nets.pretrained import backbone_of
 
@@ -30,6 +31,10 @@ class FreezeBackbone(BaseFinetuning):
         self.fixed = [parameter for parameter in pl_module.net.parameters() if not parameter.requires_grad]
         if self.unfreeze_at_epoch > 0:
             self.freeze(backbone_of(pl_module.net), train_bn=self.train_bn)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if batches_done_in_epoch(trainer):  # resumed within an epoch, which Lightning does not start again
+            self.on_train_epoch_start(trainer, pl_module)
 
     def finetune_function(self, pl_module: L.LightningModule, epoch: int, optimizer: Optimizer) -> None:
         # Every epoch from then on: a run resumed past it is frozen again by setup, its groups restored.

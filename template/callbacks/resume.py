@@ -24,6 +24,9 @@ RNG_KEY, METRICS_KEY = "rng_states", "training_metrics"
 # A SIGTERM this soon after the first is the same one delivered twice: timeout(1) signals the process and then
 # its group, and Lightning forwards rank 0's to the ranks it launched.
 REPEAT_AFTER_S = 2.0
+# How long a SIGTERM waits for the validation under way to finish: SLURM's KillWait and Kubernetes' grace period
+# default to 30 s, and the checkpoint is written after it.
+VALIDATION_GRACE_S = 15.0
 
 
 def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
@@ -35,12 +38,18 @@ def training_metrics(module: L.LightningModule) -> list[tuple[str, Metric]]:
 class Trainer(L.Trainer):
     """Lightning's Trainer, which stops for a SIGTERM only where the optimizer has stepped (in a validation within the
     epoch too): the gradients of a group half accumulated are in no checkpoint (a resume would step on the rest alone);
-    and not within a fit's validation, which a resume would skip: that score would be lost to the best checkpoint."""
+    and not within a fit's validation, which a resume would skip (that score lost to the best checkpoint), unless it
+    runs on ``VALIDATION_GRACE_S`` after the signal: a scheduler kills a while after its SIGTERM."""
+
+    sigterm_seen: float | None = None  # when a SIGTERM was first read, within a batch of its arrival
 
     @property
     def received_sigterm(self) -> bool:
-        deferred = self.state.fn == TrainerFn.FITTING and (self.validating or accumulating(self))
-        return super().received_sigterm and not deferred
+        if not super().received_sigterm:
+            return False
+        self.sigterm_seen = self.sigterm_seen or time.monotonic()
+        validating = self.validating and time.monotonic() - self.sigterm_seen < VALIDATION_GRACE_S
+        return not (self.state.fn == TrainerFn.FITTING and (validating or accumulating(self)))
 
 
 class ResumeState(Callback):

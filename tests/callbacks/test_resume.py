@@ -241,6 +241,21 @@ def test_a_sigterm_during_an_epochs_validation_stops_once_it_is_scored_and_the_r
     assert_same_weights(*map(weights, last))
 
 
+def test_a_sigterm_past_the_grace_stops_the_validation_under_way(tmp_path):
+    """A scheduler kills a while after its SIGTERM: a validation longer than the grace is stopped, not waited for."""
+    (tmp_path / "sigterm_after.py").write_text(SIGTERM_AFTER)
+    no_grace = "import template.callbacks.resume\nfrom sigterm_after import SigtermAfter\n\n"
+    no_grace += "template.callbacks.resume.VALIDATION_GRACE_S = 0.0\n\n\nclass NoGrace(SigtermAfter):\n    pass\n"
+    (tmp_path / "no_grace.py").write_text(no_grace)
+    short = ["--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "3"]
+    stop = ["--trainer.callbacks+=no_grace.NoGrace", "--trainer.callbacks.step", "0"]
+    stop += ["--trainer.callbacks.validating", "true"]
+    stopped = subprocess.run(fit_command(tmp_path, *short, *stop), capture_output=True, text=True, cwd=tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    loops = load_checkpoint(tmp_path / "digits" / "version_0" / "checkpoints" / "preempted.ckpt")["loops"]
+    assert loops["fit_loop"]["epoch_loop.val_loop.batch_progress"]["current"]["completed"] == 1  # of 3
+
+
 @pytest.mark.slow
 def test_a_mid_epoch_resume_does_not_relay_lightnings_warning_of_an_unresumable_loader(run_cli, recwarn):
     """The DataModule resumes the training order itself (its state: ResumableSampler), which Lightning cannot see."""
@@ -291,6 +306,26 @@ def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_ever
     names = [group["name"] for group in resumed.trainer.optimizers[0].param_groups]
     assert names == ["decay", "no_decay", "backbone_decay", "backbone_no_decay"]
     assert len(resumed.trainer.lr_scheduler_configs[0].scheduler.base_lrs) == 4
+
+
+@pytest.mark.slow
+def test_a_fine_tune_preempted_within_an_unfrozen_epoch_trains_its_backbone_as_a_straight_run(tmp_path):
+    """Lightning starts no epoch on a resume within one (no on_train_epoch_start), where FreezeBackbone unfroze the
+    backbone: frozen again by setup, it stayed frozen for the rest of that epoch, weights and BatchNorm statistics."""
+    (tmp_path / "sigterm_after.py").write_text(SIGTERM_AFTER)
+    short = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1"]
+    short += ["--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    straight = subprocess.run(fit_command(tmp_path / "straight", *short), capture_output=True, text=True, cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    runs = tmp_path / "stopped"
+    stop = ["--trainer.callbacks+=sigterm_after.SigtermAfter", "--trainer.callbacks.step", "0"]  # in epoch 1
+    stopped = subprocess.run(fit_command(runs, *short, *stop), capture_output=True, text=True, cwd=tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    preempted = runs / "digits" / "version_0" / "checkpoints" / "preempted.ckpt"
+    resumed = subprocess.run(fit_command(runs, *short, "--ckpt_path", str(preempted)), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = [each / "digits" / "version_0" / "checkpoints" / "last.ckpt" for each in (tmp_path / "straight", runs)]
+    assert_same_weights(*map(weights, last))
 
 
 def test_a_fine_tune_resumed_without_its_frozen_backbone_is_told_to_resume_with_its_options(run_cli):
