@@ -42,12 +42,15 @@ SETTINGS = re.compile(r"(param_groups\[\d+\]|^lr_schedulers\[\d+\])$")
 MOVED = re.compile(r"param_groups\[\d+\]/(lr)$|^/lr_schedulers.*/(last_epoch|_step_count)$")  # bounded: check_resume
 PROGRESS = {"params", "lr", "last_epoch", "_step_count", "_last_lr", "total_steps", "warmup_steps", "best", "T_i"}
 PROGRESS |= {"num_bad_epochs", "cooldown_counter", "T_cur"}
-# A schedule but warmup-cosine (re-planned) keeps the run length it was built for (OneCycleLR's phases).
+# A schedule but warmup-cosine (re-planned) keeps what the run's length made of it (OneCycleLR's phases).
+LENGTH_KEYS = re.compile(r"^lr_schedulers\[\d+\]\.(_schedule_phases|T_max|total_size|step_size_up|total_iters)")
 LENGTH_HELD = (
     ", with the length of its run: a schedule other than warmup-cosine is planned once, so resume with the run's "
     "max_epochs, max_steps and batch size; to train longer, start a new run from its weights (--weights_file)"
 )
-FACTORED = ("row_var", "col_var")  # Adafactor's per-parameter state of the parameter's rows and columns
+# torch's optimizers' per-parameter states of the parameter's shape (Adam's moments, SGD's momentum, Adagrad's sum...).
+SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg", "sum"}
+SHAPED |= {"acc_delta", "ax", "prev", "step_size", "slow"}
 STEPS_COUNTED = ("optim_progress/optimizer/step/total/completed", "optim_step_progress/total/completed")
 CYCLED, RATE = {"momentum", "betas"}, re.compile(r"lrs?(\[\d+\])?$")
 
@@ -533,7 +536,7 @@ def check_like(value: Any, like: Any, source: str, key: str = "", held: bool = F
         raise DamagedCheckpointError(
             f"refusing {source}: its {key} is {value!r:.80}, where this run's recorded settings give {like!r:.80}: "
             "restored, it would train on with settings no record holds; use the run's own checkpoint"
-            + (LENGTH_HELD * key.startswith("lr_schedulers"))
+            + (LENGTH_HELD if LENGTH_KEYS.search(key) else "")
         )
 
 
@@ -575,9 +578,8 @@ def check_resume(
 
 
 def check_optimizer_state(state: dict, shapes: Sequence, key: str, source: str, steps: int) -> None:
-    """Each parameter's state (Adam's moments, SGD's momentum): finite tensors of the parameter's shape (Adafactor's
-    factors: one that broadcasts to it), or scalars; a ``step`` from 1 to the run's ``steps``. torch restores any
-    tensor: a NaN moment showed only as NaN weights after the first step, another shape as a broadcasting error."""
+    """Each parameter's state as ``state_problem`` holds it. torch restores any tensor: a NaN moment showed only as NaN
+    weights after the first step, another shape as a broadcasting error naming no file."""
     for name in ("optimizer", "lookahead"):  # Lookahead's: its inner optimizer's state, and its own (slow weights)
         if isinstance(state.get(name), dict):
             check_optimizer_state(state[name], shapes, f"{key}.{name}", source, steps)
@@ -585,27 +587,33 @@ def check_optimizer_state(state: dict, shapes: Sequence, key: str, source: str, 
     shape_of = dict(zip(order, map(tuple, shapes)))  # as torch's load_state_dict pairs them: in order
     for index, per_parameter in (state.get("state") or {}).items():
         if index not in shape_of or not isinstance(per_parameter, dict):
-            raise DamagedCheckpointError(f"refusing {source}: its {key}.state holds {index!r:.40}, no parameter's")
-        shape = shape_of[index]
+            what = "no mapping of states" if index in shape_of else "no parameter's"
+            raise DamagedCheckpointError(f"refusing {source}: its {key}.state holds {index!r:.40}, {what}")
         for name, item in per_parameter.items():
-            at = f"{key}.state[{index}].{name}"
-            if item is None:  # SGD's momentum_buffer without momentum
-                continue
-            if not isinstance(item, torch.Tensor | int | float) or isinstance(item, bool):
-                raise DamagedCheckpointError(f"refusing {source}: its {at} is {item!r:.40}, no tensor or number")
-            tensor, factored = torch.as_tensor(item), name in FACTORED
-            fits = tensor.ndim == 0 or tuple(tensor.shape) == shape or factored and tensor.ndim == len(shape)
-            fits &= all(n in (1, m) for n, m in zip(tensor.shape, shape)) if factored else True
-            if not fits or not tensor.isfinite().all():
-                what = "not finite" if fits else f"of shape {tuple(tensor.shape)}, not its parameter's {shape}"
+            if problem := state_problem(name, item, shape_of[index], steps):
                 raise DamagedCheckpointError(
-                    f"refusing {source}: its {at} is {what}: damaged or made up; use another checkpoint"
+                    f"refusing {source}: its {key}.state[{index}].{name} is {problem}: damaged or made up; use "
+                    "another checkpoint"
                 )
-            if name == "step" and not 1 <= float(tensor) <= max(1, steps):
-                raise DamagedCheckpointError(
-                    f"refusing {source}: its {at} is {float(tensor):g}, where the run took {steps} optimizer steps: "
-                    "damaged or made up; use another checkpoint"
-                )
+
+
+def state_problem(name: Any, item: Any, shape: tuple, steps: int) -> str | None:
+    """What is wrong with a parameter's optimizer state ``name``, if anything: a tensor not finite, one torch keeps of
+    the parameter's shape (``SHAPED``) of another, a ``step`` past the run's ``steps``. Other optimizers' own kinds of
+    state (lists, factors of other shapes: Adafactor's) are held by ``check_values`` alone."""
+    number = isinstance(item, torch.Tensor | int | float) and not isinstance(item, bool)
+    tensor = torch.as_tensor(item) if number else None
+    if name == "step" and not (tensor is not None and tensor.numel() == 1 and 0 <= float(tensor) <= max(1, steps)):
+        return f"{item!r:.40}, not a count of the run's {steps} optimizer steps"  # (Adagrad's: 0 for an unused one)
+    if tensor is None:
+        return f"{item!r:.40}, no tensor" if name in SHAPED and item is not None else None  # SGD's without momentum
+    if tensor.is_floating_point() and not tensor.isfinite().all():
+        return "not finite"
+    return (
+        f"of shape {tuple(tensor.shape)}, not its parameter's {shape}"
+        if name in SHAPED and tensor.shape != shape
+        else None
+    )
 
 
 @contextlib.contextmanager
@@ -646,8 +654,9 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
         # Only where it is news: a checkpoint copied out of its run (a download) is expected to point elsewhere.
         if dropped and in_a_run:
             rank_zero_warn(
-                f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve inside "
-                f"{directory}: {', '.join(dropped)} (resuming, Lightning would replace and delete the files they name)"
+                f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve to a "
+                f"checkpoint in {directory} (gone, or elsewhere): {', '.join(dropped)} (resuming, Lightning would "
+                "replace and delete the files they name)"
             )
 
 

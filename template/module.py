@@ -190,7 +190,8 @@ class ClassificationModule(L.LightningModule):
         scheduler = build_scheduler(self.lr_scheduler, self.hparams.get("lr_scheduler"), optimizer, length)
         settings = {"scheduler": scheduler, "interval": self.scheduler_interval or interval_of(scheduler), "name": "lr"}
         if isinstance(scheduler, ReduceLROnPlateau):  # stepped by epoch, at each validation: where its metric is new
-            every = self.trainer.check_val_every_n_epoch if settings["interval"] == "epoch" else None
+            measured = settings["interval"] == "epoch" and self.scheduler_monitor.startswith("val")
+            every = self.trainer.check_val_every_n_epoch if measured else None
             settings |= {"monitor": self.scheduler_monitor, "frequency": every or 1}
         return {"optimizer": optimizer, "lr_scheduler": settings}
 

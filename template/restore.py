@@ -49,7 +49,7 @@ from template.files import read_at_most, walk
 from template.nets.shape import network_arguments, parameters, parameters_of, type_hints
 from template.options import DEFAULT_CONFIG, given_configs, option_values
 from template.runs import runs_dir
-from template.text import shown
+from template.text import has_controls, shown
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
@@ -380,16 +380,16 @@ def restore(
 
 def check_names(names: list, key: str, source: str, count: int | None = None) -> None:
     """Refuse class names no classifier has: more than ``MAX_CLASSES`` (or than its ``count`` of classes), one longer
-    than a folder's name can be, empty, twice, or with a control character (a terminal's escape, a line break): an
-    export carries them to a deployment that prints them."""
+    than a folder's name can be, empty, twice, or with a control character (``has_controls``: a terminal's escape, a
+    line break): an export carries them to a deployment that prints them."""
     if len(names) > MAX_CLASSES:
         refuse(source, key, f"{len(names):,} names", f"over {MAX_CLASSES:,} classes")
     if names and count is not None and len(names) != count:
         refuse(source, key, f"{len(names):,} names", f"not one for each of its {count:,} classes")
     if long := next((name for name in names if not isinstance(name, str) or len(name) > MAX_CLASS_NAME), None):
         refuse(source, key, f"{str(long)[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
-    if (odd := next((name for name in names if not name or not name.isprintable()), None)) is not None:
-        refuse(source, key, odd, "a class name that is empty or not printable")
+    if (odd := next((name for name in names if not name or has_controls(name)), None)) is not None:
+        refuse(source, key, odd, "a class name that is empty or holds a control character")
     if twice := [name for name, times in collections.Counter(names).items() if times > 1]:
         refuse(source, key, twice[0], "a class name given twice")
 

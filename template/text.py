@@ -1,6 +1,7 @@
 """Text from elsewhere (a checkpoint's paths, a study's names, an image folder's file names) as a terminal shows it."""
 
 import shlex
+import unicodedata
 from collections.abc import Iterable
 
 from rich.markup import escape
@@ -22,3 +23,12 @@ def shown_command(args: Iterable, markup: bool = True) -> str:
 def printable(text: str) -> str:
     """``shown`` without markup, its line breaks kept: an error that lists files one a line."""
     return "\n".join(shown(line, markup=False) for line in text.split("\n"))
+
+
+def has_controls(text: str) -> bool:
+    """Whether ``text`` holds a control character, a line break or a bidirectional override: what rewrites a terminal
+    or a line, never a letter, space or joiner of any script (``str.isprintable`` refuses those too)."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in BIDI_OVERRIDES for c in text)
+
+
+BIDI_OVERRIDES = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")

@@ -20,6 +20,7 @@ from template.checkpoints import (
     check_checkpoint_is_safe,
     check_hub_file,
     check_like,
+    check_optimizer_state,
     find_checkpoint,
     load_checkpoint,
     load_weights,
@@ -272,3 +273,28 @@ def test_a_fifo_where_a_file_from_elsewhere_is_read_is_refused_without_waiting(t
     finally:
         timer.cancel()
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "make",
+    [torch.optim.Adagrad, torch.optim.Adafactor, lambda p: torch.optim.SGD(p, lr=0.1), torch.optim.RMSprop],
+    ids=["Adagrad", "Adafactor", "SGD without momentum", "RMSprop"],
+)
+def test_the_state_of_torchs_optimizers_after_a_step_is_never_refused(make):
+    """Adagrad makes every parameter's state when built (step 0 for one no gradient reaches), Adafactor keeps factors
+    of other shapes: a resume of either was refused as "damaged or made up"."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    optimizer = make(list(net.parameters()))
+    net[1](torch.randn(5, 3)).sum().backward()  # the first layer gets no gradient
+    optimizer.step()
+    shapes = [p.shape for group in optimizer.param_groups for p in group["params"]]
+    check_optimizer_state(optimizer.state_dict(), shapes, "optimizer_states[0]", "run.ckpt", steps=1)
+    state = optimizer.state_dict()
+    for per_parameter in state["state"].values():
+        per_parameter["step"] = torch.tensor(2.0)  # past the run's one step (SGD's keeps no count, nor anything here)
+    with (
+        contextlib.nullcontext()
+        if not state["state"]
+        else pytest.raises(CheckpointError, match=r"step is tensor\(2.\), not a count of the run's 1 optimizer steps")
+    ):
+        check_optimizer_state(state, shapes, "optimizer_states[0]", "run.ckpt", steps=1)

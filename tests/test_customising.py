@@ -327,6 +327,21 @@ def test_a_watcher_of_a_validation_metric_never_logged_is_refused_before_trainin
     assert not list(run_cli.runs_dir.rglob("*.ckpt"))  # refused after the sanity check: nothing trained
 
 
+def test_a_watcher_of_your_modules_metric_logged_after_the_sanity_check_is_warned_of(run_cli, tmp_path, monkeypatch):
+    """A module of yours may log a metric after the sanity check alone: refused, its fit would have run through."""
+    (tmp_path / "late_metric.py").write_text(
+        "from template.module import ClassificationModule\n\n\nclass LateMetric(ClassificationModule):\n"
+        "    def on_validation_epoch_end(self):\n        super().on_validation_epoch_end()\n"
+        "        if not self.trainer.sanity_checking:\n            self.log('val_late', 1.0)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    late = ["--model", "late_metric.LateMetric", "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor"]
+    late += ["val_late", "--trainer.callbacks.mode", "min", "--trainer.limit_val_batches", "1"]
+    with pytest.warns(UserWarning, match="EarlyStopping watches val_late, which validation does not log; it logs val/"):
+        fitted = run_cli("fit", *QUICK, *late)
+    assert fitted.trainer.global_step == 2  # trained
+
+
 def test_a_watcher_of_your_own_metric_against_its_name_is_warned_of(run_cli):
     own = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_err", "--trainer.callbacks.mode"]
     with pytest.warns(UserWarning, match="EarlyStopping watches val_err with mode=max, where its name says lower"):
@@ -406,6 +421,8 @@ def test_a_plateau_schedule_steps_at_each_validation_and_one_without_its_metric_
     ]
     trained = run_cli("fit", *plateau, *every)
     assert trained.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.003 * 0.1**2)  # cut at each
+    trained = run_cli("fit", *plateau, *every, "--model.scheduler_monitor", "train/loss")  # measured every epoch
+    assert trained.trainer.lr_scheduler_configs[0].frequency == 1
     with pytest.raises(SystemExit):
         main(["fit", *run_cli.tiny_args, *QUICK, *plateau, "--model.scheduler_monitor", "train/los"])
     assert "train/los which is not available" in (err := capsys.readouterr().err) and "(model.scheduler_monitor)" in err

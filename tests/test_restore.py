@@ -24,6 +24,7 @@ from template.checkpoints import (
     CheckpointError,
     DamagedCheckpointError,
     UnsafeCheckpointError,
+    drop_foreign_paths,
     find_checkpoint,
     load_checkpoint,
     read_checkpoint,
@@ -453,6 +454,16 @@ def test_resuming_never_deletes_what_a_checkpoint_points_outside_its_run(trained
         str(warning.message) for warning in caught if "ignoring path(s) in its ModelCheckpoint" in str(warning.message)
     ]
     assert said and "precious" in said[0]
+
+
+def test_a_best_checkpoint_deleted_since_is_said_to_be_gone_not_outside_the_run(tmp_path):
+    """A SIGTERM while checkpoints were written left a state naming a deleted best: "does not resolve inside"."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("{}")
+    gone = str(tmp_path / "checkpoints" / "best-epoch000.ckpt")
+    checkpoint = {"callbacks": {"ModelCheckpoint{'monitor': 'val/acc'}": {"best_model_path": gone}}}
+    with pytest.warns(UserWarning, match="do not resolve to a checkpoint in .* \\(gone, or elsewhere\\)"):
+        drop_foreign_paths(checkpoint, tmp_path / "checkpoints" / "last.ckpt")
 
 
 LIGHTNING = {"pytorch-lightning_version": "2.6", "state_dict": {}}  # what every ModelCheckpoint file has
@@ -1005,7 +1016,7 @@ STATE_ATTACKS = {
     ),
     "an optimizer's step count below 1": (
         "fit",
-        "optimizer_states[0].state[0].step is -1",
+        "optimizer_states[0].state[0].step is tensor(-1.), not a count of the run's",
         lambda c: c["optimizer_states"][0]["state"][0].update(step=torch.tensor(-1.0)),
     ),
     "a state of no parameter": (
@@ -1270,6 +1281,14 @@ def test_sizes_and_values_no_run_has_are_refused_before_anything_is_built(traine
     key = key if key == "record" else f"hyper_parameters.{key}"
     with pytest.raises(UnsafeCheckpointError, match=re.escape(f"refusing {path}: its {key}")):
         restore.restore(path, ClassificationModule, None, fit=False)
+
+
+def test_class_names_of_any_script_are_restored(trained, tmp_path):
+    """str.isprintable refused a no-break space, an ideographic space and the joiners of Persian words and emoji:
+    a folder's own names, so fit trained into a checkpoint that test, export and resume refused."""
+    names = ["Golden Retriever", "café", "猫", "a\xa0b", "犬\u3000猫", "می\u200cخواهم", "👩\u200d🔬", *"789"]
+    restored = restore.restore(doctor(trained, tmp_path, {"class_names": names}), ClassificationModule, None, fit=False)
+    assert restored.trained["class_names"] == names
 
 
 def test_how_to_run_is_the_commands_and_a_checkpoint_without_a_data_record_is_said_to_be_unchecked(

@@ -15,6 +15,7 @@ from torchvision.utils import make_grid
 
 from template.callbacks.run_record import run_directory
 from template.files import write_atomic
+from template.module import ClassificationModule
 from template.options import check_logged, check_modes
 from template.schedule import check_plan
 
@@ -88,7 +89,7 @@ class TrainingMonitor(Callback):
             writer.add_custom_scalars(layout)  # one chart: overfitting shows as the two curves parting
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        check_logged(trainer)  # the watched validation metrics, before an epoch of training
+        check_logged(trainer, recipe=type(pl_module) is ClassificationModule)  # the watched metrics, before training
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_plan(trainer)  # here, not in configure_optimizers: a resume's restored plan, not the doctor's short fits

@@ -15,7 +15,7 @@ from template.data.base import ImageDataModule, Split, image_size_pair, split_na
 from template.data.cache import CacheTooLarge, CacheUnavailable, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
-from template.text import shown
+from template.text import has_controls, shown
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
@@ -225,6 +225,10 @@ class ImageFolderDataModule(ImageDataModule):
         if empty:
             problems.append(describe(empty, "empty class folder(s); remove them or add images"))
         known, lacking = (set(folders["train"]), "train/") if "train" in folders else (set(classes), "data.classes")
+        if odd := sorted(repr(name) for found in folders.values() for name in found if has_controls(name)):
+            problems.append(
+                f"class folder name(s) with a control character or line break: {', '.join(odd)}; rename them"
+            )
         for split in [split for split in ("val", "test") if folders.get(split) == {}]:  # else: no val/acc, no test
             problems.append(
                 f"{self.root / split} has no class folders: expected {split}/<class>/<image files> as in train/, or "

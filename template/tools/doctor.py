@@ -174,8 +174,8 @@ def check_batches(datamodule: ImageDataModule, batches: int = 3) -> tuple[Check,
         return Check("data", "batches", "fail", "; ".join(problems), fix), first
     if warnings:
         return Check("data", "batches", "warn", "; ".join(warnings), "check the mean and std used to normalise"), first
-    shown = f"{len(sizes)} batch(es) of {', '.join(map(str, sorted(set(sizes))))} images"  # an epoch may have fewer
-    detail = f"{shown}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
+    seen = f"{len(sizes)} batch(es) of {', '.join(map(str, sorted(set(sizes))))} images"  # an epoch may have fewer
+    detail = f"{seen}: finite, normalised to [{normalised.min():.1f}, {normalised.max():.1f}]"
     return Check("data", "batches", "pass", detail), first
 
 

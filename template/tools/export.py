@@ -88,23 +88,21 @@ PARITY_BATCH = 3  # images of the parity check: another count than the example's
 
 
 def check_memory(spec: dict, input_shape: list[int], source: Path) -> None:
-    """Refuse an input shape whose example and parity batches would take over half this machine's memory in the
-    network's activations: its largest output of a module for one image, thrice (with its input and a temporary),
+    """Refuse an input shape whose example or parity batch would take over half this machine's memory in the
+    network's activations: its largest output of a module for an image, thrice (with its input and a temporary),
     counted on the meta device (nothing allocated)."""
     outputs = []
-    with torch.device("meta"):
-        meta = build(spec)
-    hooks = [m.register_forward_hook(lambda m, i, out: outputs.append(out)) for m in meta.modules()]
-    try:
+    try:  # a network that reads values as it is built or runs (.item(), .tolist()): no estimate, the export tells
+        with torch.device("meta"):
+            meta = build(spec)
+        for module in meta.modules():
+            module.register_forward_hook(lambda m, i, out: outputs.append(out))
         with torch.no_grad():
             meta(torch.empty(1, *input_shape, device="meta"))
-    except Exception:  # a network that reads values as it runs (.item()): no estimate, the export tells
+    except Exception:
         return
-    finally:
-        for hook in hooks:
-            hook.remove()
     largest = max((o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor)), default=0)
-    needed = 3 * (2 + PARITY_BATCH) * largest
+    needed = 3 * max(2, PARITY_BATCH) * largest  # the example's batch, then the parity batch's, a view at a time
     if needed > (memory := os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2:
         raise ValueError(
             f"refusing {source}: its input_shape {input_shape} takes {needed / 2**30:,.1f} GiB of activations to "

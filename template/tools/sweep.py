@@ -216,10 +216,10 @@ def check_database(path: Path, storage_url: str) -> None:
         try:
             parsed = optuna.distributions.json_to_distribution(distribution)
             choices = parsed.choices if isinstance(parsed, optuna.distributions.CategoricalDistribution) else None
-            fits = choices is None or float(value).is_integer() and 0 <= value < len(choices)
+            readable = choices is None or float(value).is_integer() and 0 <= value < len(choices)
         except (ValueError, KeyError, TypeError, AttributeError):
-            fits = False
-        if not fits:
+            readable = False
+        if not readable:
             raise ValueError(
                 f"refusing --storage {storage_url}: a trial's parameter is {value!r} of {distribution!s:.80}, which "
                 "Optuna cannot read back: damaged, or written by another program; use another --storage"
@@ -393,7 +393,9 @@ def report(study: optuna.Study, out_dir: Path, monitor: str, space: dict, fit_ar
     write_atomic(out_dir / "best.yaml", head + yaml.safe_dump(config, sort_keys=False))
     console.print(f"best trial       {best.number}: {shown(monitor)} {best.value:.4f}")
     console.print(f"its config       {shown(out_dir / 'best.yaml')}")
-    console.print(f"its checkpoint   {shown(checkpoint)} (--ckpt_path best: the latest run's, another trial's)")
+    console.print(
+        f"its checkpoint   {shown(checkpoint)} (give this path: --ckpt_path best takes the latest run, the last trial)"
+    )
     console.print(f"all trials       {shown(out_dir / 'trials.csv')}")
 
 

@@ -69,6 +69,16 @@ def test_reads_the_release_as_python_2_wrote_it(tmp_path):
     assert np.array_equal(read, images.reshape(-1, 3, 32, 32)) and labels.tolist() == list(range(10)) * 2
 
 
+def test_reads_batches_written_again_by_python_3_with_bytes_keys(tmp_path):
+    """pickle.load(encoding="bytes") of the release gives b"data" and b"labels", which pickle.dump writes as bytes:
+    "not a dict with the keys data and labels", of a dict holding them."""
+    path = tmp_path / "data_batch_1"
+    images = np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8)
+    path.write_bytes(pickle.dumps({b"batch_label": b"x", b"labels": [1, 2, 3, 4], b"data": images}))
+    read, labels = read_batch(path)
+    assert (read.reshape(4, -1) == images).all() and labels.tolist() == [1, 2, 3, 4]
+
+
 def test_a_doctored_batch_file_is_refused_not_run(tmp_path):
     root = write_cifar(tmp_path)
     marker = tmp_path / "code-ran"

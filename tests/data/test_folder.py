@@ -267,6 +267,12 @@ def test_layout_problems_are_named(tmp_path):
     Image.new("RGB", (4, 4)).save(tmp_path / "val" / "a.png")
     with pytest.raises(ValueError, match=r"val has no class folders: expected val/<class>/<image files> as in train/"):
         ImageFolderDataModule(str(tmp_path))
+    shutil.rmtree(tmp_path / "val")
+    # A line break in a class's name: trained, then its checkpoint refused by every command.
+    (tmp_path / "train" / "cat\nowl").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "train" / "cat\nowl" / "a.png")
+    with pytest.raises(ValueError, match=r"class folder name\(s\) with a control character .*'cat\\nowl'"):
+        ImageFolderDataModule(str(tmp_path))
 
 
 def test_broken_and_folder_symlinks_are_named_and_left_out(image_folder, tmp_path):
