@@ -212,7 +212,8 @@ def check_modes(trainer: Any) -> None:
 def check_logged(trainer: Any, recipe: bool) -> None:
     """Refuse a watcher of a validation metric (``val...``) that the sanity check's validation did not log, a
     misspelt ``val/acc`` say: Lightning would stop the run there only after its first epoch (``strict: false``: never).
-    Of a module other than the ``recipe``'s, whose own metrics may be logged after the sanity check alone: a warning."""
+    Of a module other than the ``recipe``'s, whose own metrics may be logged after the sanity check alone, a metric
+    but the recipe's: a warning."""
     logged = sorted(name for name in trainer.callback_metrics if name.startswith("val"))
     for name, monitor, _, strict in watchers(trainer) if logged else ():  # none: a module logging after the check
         if strict and monitor.startswith("val") and monitor not in logged:
@@ -220,7 +221,7 @@ def check_logged(trainer: Any, recipe: bool) -> None:
             if monitor in OWN_MODES:  # the recipe's own: a subclass's hook that never called super()
                 said += "; a module that overrides on_validation_epoch_end calls super() there: ClassificationModule "
                 said += "logs val/loss and val/acc in it"
-            if recipe:
+            if recipe or monitor in OWN_MODES:  # the recipe logs its own in the sanity check too
                 raise ValueError(said)
             rank_zero_warn(f"{said} in the sanity check: fine if your module logs it after that alone")
 
