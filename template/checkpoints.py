@@ -303,6 +303,11 @@ def network_bytes(net: nn.Module) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in net.state_dict().values())
 
 
+def machine_memory() -> int:
+    """This machine's physical memory, in bytes: half of it is the most a file from elsewhere may make us allocate."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def weights_limit(net: nn.Module) -> int:
     """How large a weights file for ``net`` may be: its own size, with room for another head and its states."""
     return 4 * network_bytes(net) + (64 << 20)

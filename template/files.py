@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from template.text import shown
+
 SPARSE_FROM = 64 << 20  # a file this large may be mostly holes (check_dense); below it, reading it all is cheap
 
 
@@ -34,13 +36,16 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
         os.close(directory)
 
 
-def walk(folder: Path, max_depth: int) -> Iterator[Path]:
-    """Every folder and file below ``folder``, top-down, links listed but not followed; a ValueError naming it where
-    folders nest past ``max_depth`` (Path.rglob recurses a stack frame a level: a RecursionError naming nothing)."""
+def walk(folder: Path, max_depth: int, hidden: bool = True) -> Iterator[Path]:
+    """Every folder and file below ``folder``, top-down, links listed but not followed; hidden folders listed but,
+    unless ``hidden``, not entered. A ValueError naming it where folders nest past ``max_depth``: Path.rglob recursed a
+    stack frame a level, and 1,000 levels ended in a RecursionError that named no folder."""
     for parent, folders, files in os.walk(folder):
         if len(Path(parent).relative_to(folder).parts) > max_depth:
-            raise ValueError(f"{folder} nests folders over {max_depth} deep")
+            raise ValueError(f"{shown(folder, markup=False)} nests folders over {max_depth} deep")
         yield from (Path(parent, name) for name in folders + files)
+        if not hidden:
+            folders[:] = [name for name in folders if not name.startswith(".")]
 
 
 def write_atomic(path: Path, text: str) -> None:

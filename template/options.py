@@ -218,10 +218,12 @@ def check_logged(trainer: Any, recipe: bool) -> None:
     for name, monitor, _, strict in watchers(trainer) if logged else ():  # none: a module logging after the check
         if strict and monitor.startswith("val") and monitor not in logged:
             said = f"{name} watches {monitor}, which validation does not log; it logs {', '.join(logged)}"
-            if monitor in OWN_MODES:  # the recipe's own: a subclass's hook that never called super()
-                said += "; a module that overrides on_validation_epoch_end calls super() there: ClassificationModule "
-                said += "logs val/loss and val/acc in it"
-            if recipe or monitor in OWN_MODES:  # the recipe logs its own in the sanity check too
+            if monitor in OWN_MODES:  # the recipe logs its own in the sanity check: a subclass's hook lacks super()
+                raise ValueError(
+                    f"{said}; a module that overrides on_validation_epoch_end calls super() there: "
+                    "ClassificationModule logs val/loss and val/acc in it"
+                )
+            if recipe:
                 raise ValueError(said)
             rank_zero_warn(f"{said} in the sanity check: fine if your module logs it after that alone")
 

@@ -40,6 +40,7 @@ from template.checkpoints import (
     DamagedCheckpointError,
     UnsafeCheckpointError,
     find_checkpoint,
+    machine_memory,
     network_bytes,
     read_checkpoint,
     strip_prefixes,
@@ -416,7 +417,7 @@ def check_network(spec: dict, checkpoint: dict, source: str, trained: dict) -> N
             if device == "cpu":
                 why = f"which cannot be built from its arguments ({type(error).__name__}: {str(error)[:200]})"
                 refuse(source, "hyper_parameters.net", spec["class_path"], why)
-    needed, memory = network_bytes(net), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    needed, memory = network_bytes(net), machine_memory()
     if needed > memory // 2:
         why = f"a network of {needed / 2**30:,.1f} GiB, over half this machine's memory ({memory / 2**30:,.0f} GiB)"
         refuse(source, "hyper_parameters.net", spec["class_path"], why)

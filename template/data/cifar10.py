@@ -154,9 +154,8 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open_regular(path) as file:  # read whole: a length in the pickle then allocates no more than the file
             batch = read_pickle(io.BytesIO(file.read()))
-        if isinstance(
-            batch, dict
-        ):  # keys as bytes: as Python 3's pickle writes what pickle.load(encoding="bytes") read
+        # Keys as bytes: Python 3's pickle writes them so after pickle.load(encoding="bytes") of the release.
+        if isinstance(batch, dict):
             batch = {key.decode("latin-1") if isinstance(key, bytes) else key: value for key, value in batch.items()}
         if not isinstance(batch, dict) or not {"data", "labels"} <= set(batch):
             raise ValueError("not a dict with the keys data and labels")

@@ -1,7 +1,6 @@
 """Your own images: ``root/train/<class>/*`` (and optionally ``root/val``, ``root/test``)."""
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +14,7 @@ from template.data.base import ImageDataModule, Split, image_size_pair, split_na
 from template.data.cache import CacheTooLarge, CacheUnavailable, load_or_build, load_or_check
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
+from template.files import walk
 from template.text import has_controls, shown
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
@@ -28,7 +28,10 @@ MAX_DEPTH = 32  # folder levels below a listed folder: image folders nest a few 
 def visible(folder: Path, recursive: bool = True) -> list[Path]:
     """Sorted paths in (or below) ``folder``, hidden ones left out; dangling links, and links to folders below
     it (not followed), named in a warning: a moved target would vanish without a word."""
-    found = below(folder) if recursive else folder.iterdir()
+    try:  # hidden folders not entered: all they hold is left out
+        found = list(walk(folder, MAX_DEPTH, hidden=False)) if recursive else folder.iterdir()
+    except ValueError as error:
+        raise ValueError(f"{error}: point at the images' own folder") from None
     paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
     if recursive:
@@ -41,21 +44,6 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
             describe(outside, f"symlink(s) in {folder} to files outside it, followed: are they yours to use?")
         )
     return paths
-
-
-def below(folder: Path) -> list[Path]:
-    """Every path below ``folder``, as rglob finds them (links to folders listed, not entered), but refusing one
-    nested over MAX_DEPTH deep: rglob recursed a stack frame a level, and 1,000 levels ended in a RecursionError
-    that named no folder. Hidden folders are not entered: ``visible`` leaves out all they hold."""
-    found = []
-    for parent, folders, files in os.walk(folder):
-        if len(Path(parent).relative_to(folder).parts) > MAX_DEPTH:
-            raise ValueError(
-                f"{shown(folder, markup=False)} nests folders over {MAX_DEPTH} deep: point at the images' own folder"
-            )
-        found += [Path(parent, name) for name in folders + files]
-        folders[:] = [name for name in folders if not name.startswith(".")]
-    return found
 
 
 def list_files(folder: Path) -> list[Path]:

@@ -7,7 +7,6 @@ extra files); it is read back and run beside the original, and fails if that met
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -16,7 +15,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from template.checkpoints import CHECKPOINT_ALIASES, CheckpointError, find_checkpoint, load_weights, read_checkpoint
+from template.checkpoints import (
+    CHECKPOINT_ALIASES,
+    CheckpointError,
+    find_checkpoint,
+    load_weights,
+    machine_memory,
+    read_checkpoint,
+)
 from template.cli import PROGRAM
 from template.evaluation import multi_crop_logits
 from template.files import replaced_atomically
@@ -103,7 +109,7 @@ def check_memory(spec: dict, input_shape: list[int], source: Path) -> None:
         return
     largest = max((o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor)), default=0)
     needed = 3 * max(2, PARITY_BATCH) * largest  # the example's batch, then the parity batch's, a view at a time
-    if needed > (memory := os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2:
+    if needed > (memory := machine_memory()) // 2:
         raise ValueError(
             f"refusing {source}: its input_shape {input_shape} takes {needed / 2**30:,.1f} GiB of activations to "
             f"export and check, over half this machine's memory ({memory / 2**30:,.0f} GiB)"

@@ -212,11 +212,15 @@ def check_database(path: Path, storage_url: str) -> None:
             f"refusing --storage {storage_url}: its table {deep[0]} holds JSON with over {MAX_BRACKETS} brackets, nested "
             "past what Optuna's reader (json.loads) can read; use a study database Optuna made, or another --storage"
         )
+    choices: dict[str, int | None] = {}  # a categorical's count of choices (None: no categorical), read once each
     for value, distribution in stored:  # a categorical's stored index past its choices: an IndexError naming nothing
         try:
-            parsed = optuna.distributions.json_to_distribution(distribution)
-            choices = parsed.choices if isinstance(parsed, optuna.distributions.CategoricalDistribution) else None
-            readable = choices is None or float(value).is_integer() and 0 <= value < len(choices)
+            if distribution not in choices:
+                parsed = optuna.distributions.json_to_distribution(distribution)
+                categorical = isinstance(parsed, optuna.distributions.CategoricalDistribution)
+                choices[distribution] = len(parsed.choices) if categorical else None
+            count = choices[distribution]
+            readable = count is None or float(value).is_integer() and 0 <= value < count
         except (ValueError, KeyError, TypeError, AttributeError):
             readable = False
         if not readable:
