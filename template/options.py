@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import Namespace, set_dumper
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -30,6 +30,22 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 EVALUATING = SUBCOMMANDS[1:]  # each scores trained weights: a checkpoint's, or a weights file's
 RUN_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,99}")  # a run's folder: a plain name, never a path
+
+
+class QuotingDumper(yaml.SafeDumper):
+    """PyYAML's dumper, quoting the strings jsonargparse's loader reads as floats (a class named 1e3 or 1.5e3):
+    written bare, config.yaml read back as --config held 1000.0 where a string was."""
+
+
+QuotingDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"),
+)
+set_dumper(
+    "yaml",
+    lambda data: yaml.dump(data, Dumper=QuotingDumper, default_flow_style=False, allow_unicode=True, sort_keys=False),
+)
 
 # Lines of a jsonargparse error that say where it looked, not what is wrong.
 WHERE_IT_LOOKED = re.compile(r"^(- )?(Parser key|Problem with given class_path|Does not validate|Subtypes:|Errors:"
@@ -340,5 +356,5 @@ def settle_trainer(trainer: Namespace, last: Namespace | None = None) -> None:
 def print_config(parser, config: Namespace, subcommand: str | None) -> None:
     """``--print_config``: the configuration a command runs with, a checkpoint's record and our changes made."""
     dumped = yaml.safe_load(parser.dump(config, skip_check=True, skip_none=False))
-    print(yaml.safe_dump(dumped.get(subcommand, dumped), sort_keys=False), end="")
+    print(yaml.dump(dumped.get(subcommand, dumped), Dumper=QuotingDumper, sort_keys=False), end="")
     raise SystemExit(0)

@@ -48,16 +48,15 @@ from template.checkpoints import (
 from template.data.preprocessing import MAX_CHANNELS, MAX_PIXELS, recorded_preprocessing
 from template.files import read_at_most, walk
 from template.nets.shape import network_arguments, parameters, parameters_of, type_hints
-from template.options import DEFAULT_CONFIG, given_configs, option_values
-from template.runs import runs_dir
-from template.text import has_controls, shown
+from template.options import DEFAULT_CONFIG, given_configs, option_values, recipe_run_name
+from template.runs import run_name_of, runs_dir
+from template.text import MAX_CLASSES, names_problem, shown
 
 # Where to read or write and what to start: the user's command says them (as any path-typed argument).
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # Linked by the CLI from the data (compared, not set); how to run is the command's (compile generates and loads code).
 LINKED, HOW_TO_RUN = ("num_classes", "class_names", "input_shape"), ("compile",)
-# Classes and their names (a folder's name: 255 bytes) as a classifier has them, and a record as a parse reads it whole.
-MAX_CLASSES, MAX_CLASS_NAME, MAX_RECORD = 1 << 16, 255, 1 << 20
+MAX_RECORD = 1 << 20  # a record as a parse reads it whole
 # A list the command parses again is checked item by item, a copy of it each time (jsonargparse): past this many class
 # names, the data's own folders give them, checked against the checkpoint's names once built (fit_data).
 MAX_PARSED_CLASSES = 2_000
@@ -72,6 +71,7 @@ LEAST = {"max_epochs": -1, "max_steps": -1, "accumulate_grad_batches": 1, "check
 PRECISIONS = (None, "32-true", "32", 32, "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", 16, "bf16")
 NOT_CLASSIFIERS = (".detection", ".segmentation", ".video", ".optical_flow", ".quantization")
 DATA_CLASS = ("--data", "--data.class_path")  # how a command line names the DataModule (left out of a first parse)
+RUN_NAME_OPTIONS = ("--trainer.logger.init_args.name", "--trainer.logger.name")
 # Arguments that load pretrained weights (weights, weights_backbone, pretrained=True): never from a file.
 DOWNLOADS = re.compile(r"^(weights|pretrained)")
 PATH_NAMES = re.compile(r"(^|_)(dir|dirpath|path|file|filename|root|url|uri)s?$")
@@ -83,6 +83,14 @@ NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 MAX_RUN_ENTRIES, MAX_RUN_DEPTH = 10_000, 16  # files and folders in a run directory a fit resumes into, and levels
+WRITTEN = {
+    "config.yaml",
+    "hparams.yaml",
+    "metrics.csv",
+    "env.json",
+    "trackers.json",
+}  # files a resume writes, checkpoints/'s too
+WRITTEN |= {"checkpoints/last.ckpt", "checkpoints/preempted.ckpt"}
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
          "optimizer": torch.optim.Optimizer,
          "scheduler": (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)}  # fmt: skip
@@ -369,7 +377,7 @@ def restore(
         check_network(net, checkpoint, source, trained)
     run_dir = own_run(path, runs_dir)
     if fit and run_dir is not None:
-        config.update(resumed_settings(run_dir / "config.yaml"))
+        config.update(resumed_settings(run_dir / "config.yaml", checkpoint))
     if (size := len(json.dumps(config))) > MAX_RECORD:  # the command parses it again, as YAML: time grows with size
         refuse(source, "record", f"{size:,} characters", f"over the {MAX_RECORD:,} a run's record takes")
     try:
@@ -380,19 +388,9 @@ def restore(
 
 
 def check_names(names: list, key: str, source: str, count: int | None = None) -> None:
-    """Refuse class names no classifier has: more than ``MAX_CLASSES`` (or than its ``count`` of classes), one longer
-    than a folder's name can be, empty, twice, or with a control character (``has_controls``: a terminal's escape, a
-    line break): an export carries them to a deployment that prints them."""
-    if len(names) > MAX_CLASSES:
-        refuse(source, key, f"{len(names):,} names", f"over {MAX_CLASSES:,} classes")
-    if names and count is not None and len(names) != count:
-        refuse(source, key, f"{len(names):,} names", f"not one for each of its {count:,} classes")
-    if long := next((name for name in names if not isinstance(name, str) or len(name) > MAX_CLASS_NAME), None):
-        refuse(source, key, f"{str(long)[:40]}...", f"longer than {MAX_CLASS_NAME} characters")
-    if (odd := next((name for name in names if not name or has_controls(name)), None)) is not None:
-        refuse(source, key, odd, "a class name that is empty or holds a control character")
-    if twice := [name for name, times in collections.Counter(names).items() if times > 1]:
-        refuse(source, key, twice[0], "a class name given twice")
+    """Refuse class names no classifier has (``names_problem``)."""
+    if problem := names_problem(names, count):
+        refuse(source, key, *problem)
 
 
 def check_network(spec: dict, checkpoint: dict, source: str, trained: dict) -> None:
@@ -501,7 +499,13 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     a command configured by ``config`` (the user's command line and --config files, whose classes it may name)."""
     if ckpt_path in CHECKPOINT_ALIASES:
         monitor = (config.get("checkpoint") or {}).get("monitor")  # the best by the command's metric
-        alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config), monitor)
+        # The latest run of the run name the command gives (a --config's, --data's class), not another's; a name
+        # given names a resume's run, and an evaluation's own new run (not the one it evaluates).
+        data = [value for value in option_values(args, *DATA_CLASS) if not Path(value).is_file()]  # not yet parsed
+        name = run_name_of(config, data[-1] if data and re.fullmatch(r"[\w.]+", data[-1]) else None)
+        given = option_values(args, *RUN_NAME_OPTIONS)
+        named = name not in (None, recipe_run_name()[0]) and not given or given and subcommand == "fit"
+        alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config), monitor, name if named else None)
         rank_zero_only(print)(shown(f"--ckpt_path {alias} -> {ckpt_path}", markup=False))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)
         raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such file")
@@ -635,10 +639,11 @@ def own_run(path: str | Path, runs_dir: str | Path | None) -> Path | None:
         entries, deep = list(itertools.islice(walk(run_dir, MAX_RUN_DEPTH), MAX_RUN_ENTRIES + 1)), False
     except ValueError:
         entries, deep = [], True
-    odd = [str(p) for p in entries if not own_entry(p)]
+    odd = [str(p) for p in entries if not own_entry(p) or p.relative_to(run_dir).as_posix() in WRITTEN and p.is_dir()]
     if odd or deep or len(entries) > MAX_RUN_ENTRIES:
         listed = ", ".join(odd[:3])
-        why = f"symbolic or hard links, or special files ({listed})" if odd else f"over {MAX_RUN_ENTRIES:,} entries"
+        why = f"links, special files or folders where it writes files ({listed})" if odd else ""
+        why = why or f"over {MAX_RUN_ENTRIES:,} entries"
         why = f"folders nested over {MAX_RUN_DEPTH} deep" if deep else why
         rank_zero_warn(f"{run_dir} holds {why}: resumed into a new run directory")
         return None
@@ -655,8 +660,9 @@ def own_entry(path: Path) -> bool:
     return stat.S_ISDIR(status.st_mode) or (stat.S_ISREG(status.st_mode) and status.st_nlink == 1)
 
 
-def resumed_settings(path: Path) -> dict:
-    """The Trainer settings (``RESUMED``), best checkpoint's metric and seed a run's config.yaml records, as literals."""
+def resumed_settings(path: Path, checkpoint: dict) -> dict:
+    """The Trainer settings (``RESUMED``), best checkpoint's metric and seed a run's config.yaml records, as literals;
+    the metric and mode one the ``checkpoint``'s ModelCheckpoints kept bests by."""
     config = read_yaml(path)
     config = config if isinstance(config, dict) else {}
     seed = config.get("seed_everything")
@@ -665,6 +671,23 @@ def resumed_settings(path: Path) -> dict:
         if isinstance(section := config.get(key), dict):
             taken = {name: section[name] for name in names if name in section}
             settings[key] = arguments(cls, taken, key, str(path), set())
+    watched = []  # (monitor, mode) of the checkpoint's ModelCheckpoints, as their state keys name them
+    for name, state in (checkpoint.get("callbacks") or {}).items():
+        if isinstance(state, dict) and (found := re.match(r"ModelCheckpoint\{.*'mode': '(min|max)'", str(name))):
+            watched.append((state.get("monitor"), found[1]))
+    # Its latest record's (a resume may have changed the monitor since this checkpoint), or the file's word: the
+    # checkpoint's own, where they differ; the command's options override either.
+    recorded = settings.get("checkpoint") or {}
+    if watched and recorded and (recorded.get("monitor"), recorded.get("mode", "min")) not in watched:
+        kept = [(metric, mode) for metric, mode in watched if isinstance(metric, str)]
+        settings.pop("checkpoint")
+        if len(kept) == 1:
+            settings["checkpoint"] = {"monitor": kept[0][0], "mode": kept[0][1]}
+        rank_zero_warn(
+            f"{path} keeps bests by checkpoint.monitor {recorded.get('monitor')!r}, mode {recorded.get('mode')!r}; "
+            f"the checkpoint resumed kept them by {', '.join(map(str, kept))}: resumed with its own (give "
+            "--checkpoint.monitor and --checkpoint.mode to choose)"
+        )
     given = {"seed_everything": seed, **{f"trainer.{name}": v for name, v in settings.get("trainer", {}).items()}}
     for key, value in given.items():
         least = LEAST.get(key.removeprefix("trainer."), 0)

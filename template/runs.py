@@ -28,22 +28,38 @@ def runs_dir(config: Namespace | dict) -> str:
     return logger.get("init_args", {}).get("save_dir", DEFAULT_RUNS_DIR) if is_tensorboard(logger) else DEFAULT_RUNS_DIR
 
 
-def run_name_of(config: Namespace | dict) -> str | None:
-    """The configured TensorBoard logger's run name; where that is the recipe's (runs/digits) and the data another
-    DataModule, the DataModule's (runs/imagefolder, runs/photos for ``--data my_module.Photos``)."""
-    name = (loggers_of(config)[0].get("init_args") or {}).get("name")
-    data = (config.get("data") or {}).get("class_path")
+def run_name_of(config: Namespace | dict, data: str | None = None) -> str | None:
+    """The configured TensorBoard logger's run name (None: no TensorBoard logger); where that is the recipe's
+    (runs/digits) and the data (``data``, else the configuration's) another DataModule, the DataModule's
+    (runs/imagefolder, runs/photos for ``--data my_module.Photos``)."""
+    if not is_tensorboard(logger := loggers_of(config)[0]):
+        return None
+    name = (logger.get("init_args") or {}).get("name")
+    data = data or (config.get("data") or {}).get("class_path")
     recipe_name, recipe_data = recipe_run_name()
     return data_run_name(data) if name == recipe_name and isinstance(data, str) and data != recipe_data else name
 
 
 def place_run(
-    config: Namespace, run_name: tuple[str, str] | None, resumed: Path | None, ckpt_path: Path | None
+    config: Namespace,
+    run_name: tuple[str, str] | None,
+    resumed: Path | None,
+    ckpt_path: Path | None,
+    fitting: bool = False,
 ) -> None:
     """Place a command's run under the runs directory: at ``run_name`` (a command running many fits), in the run a
     resumed fit continues (``resumed``), or as a new version of the run ``ckpt_path`` came from (unless the user named
-    one), never into another run's directory; and tell the trackers where to write and which run a resume continues."""
+    one), never into another run's directory; and tell the trackers where to write and which run a resume continues.
+    A new fit with no logger (``fitting``) writes into no folder of another's checkpoints either."""
     logger, *trackers = loggers_of(config)  # TensorBoard first: it writes the run directory
+    # Lightning's folder with no logger, where the recipe's last.ckpt goes unless placed elsewhere (not to resume).
+    last = Path(config.trainer.get("default_root_dir") or ".", "checkpoints", "last.ckpt")
+    writes_last = (config.get("last_checkpoint") or {}).get("dirpath") is None and not config.trainer.fast_dev_run
+    if fitting and logger is False and ckpt_path is None and writes_last and last.exists():
+        raise ValueError(
+            f"{last.resolve()} is another run's: a new fit with --trainer.logger false writes its own last.ckpt there, "
+            "over it; move it away, resume it (--ckpt_path), or keep the logger (runs/<name>/version_N each)"
+        )
     if is_tensorboard(logger):
         # Absolute: a resumed run's ModelCheckpoint then sees the directory it recorded, and restores its best so far.
         logger.init_args.save_dir = str(Path(logger.init_args.save_dir).resolve())

@@ -1,5 +1,6 @@
 """What a command says at its end: the run summary of a fit, how many images an evaluation scored."""
 
+import math
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -22,6 +23,13 @@ def evaluated(cli, split: str) -> tuple[int, int]:
 
 
 def print_evaluated(cli, split: str) -> None:
+    loss = float(cli.trainer.callback_metrics.get(f"{split}/loss", 0.0))
+    if not math.isfinite(loss):  # the accuracy then counts NaN logits' argmax as answers: refused, not printed
+        raise ValueError(
+            f"{split}/loss is {loss}: the network's outputs are NaN or infinite for some images, so {split}/acc "
+            "scores no answer of its. Its weights give them (a BatchNorm running_var below 0, values past the "
+            "precision's range): check the checkpoint, or evaluate in 32-bit (--trainer.precision 32-true)"
+        )
     count, size = evaluated(cli, split)
     if cli.trainer.is_global_zero and count and f"{split}/acc" in cli.trainer.callback_metrics:
         part = "the whole split" if count >= size else f"of {size}: limited by this command's options"

@@ -1,4 +1,5 @@
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -193,6 +194,18 @@ def print_config(capsys, monkeypatch):
         return capsys.readouterr().out
 
     return printed
+
+
+def test_a_config_of_class_names_that_read_as_numbers_is_read_back_as_written(print_config, tmp_path):
+    """Folders named 1e3 or 1.5e3 were written bare into config.yaml, which jsonargparse reads back as floats: the
+    run's config.yaml, and every evaluation's of its checkpoint, failed as --config (Expected a str, got 1000.0)."""
+    root = write_image_folder(tmp_path / "images", classes=("1e3", "1.5e3", "cat"), per_class=2)
+    quoted = {"data": {"class_path": "ImageFolderDataModule", "init_args": {"classes": ["1e3", "1.5e3", "cat"]}}}
+    (tmp_path / "record.json").write_text(json.dumps(quoted))  # as a checkpoint's record is given: JSON
+    options = ["--config", str(tmp_path / "record.json"), "--data.root", str(root), "--data.image_size", "8"]
+    (tmp_path / "config.yaml").write_text(print_config(*options))
+    again = yaml.safe_load(print_config("--config", str(tmp_path / "config.yaml")))
+    assert again["data"]["init_args"]["classes"] == ["1e3", "1.5e3", "cat"]
 
 
 def test_the_recipe_defaults_are_read_from_configs_default_yaml_alone(print_config, tmp_path, monkeypatch):

@@ -542,6 +542,48 @@ def test_the_latest_run_is_the_one_written_last_never_a_copy_dated_in_the_future
         find_checkpoint("best", runs)
 
 
+def test_best_and_last_take_the_latest_run_of_the_run_name_the_command_gives(trained, tmp_path, monkeypatch, capsys):
+    """A command naming its runs (--trainer.logger.init_args.name, a --config's or --data's name) took the latest run
+    of any name: a resume under another name continued another run, a test of a config scored another model."""
+    monkeypatch.chdir(tmp_path)
+    mine = shutil.copytree(trained.parents[1], tmp_path / "runs" / "mine" / "version_0") / "checkpoints" / "last.ckpt"
+    latest = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0") / "checkpoints"
+    os.utime(mine, (time.time() - 60, time.time() - 60))  # copies keep the fixture's times: the older run's, older
+    os.utime(latest / "last.ckpt")
+    quick = [*tiny_args(tmp_path / "runs"), "--trainer.limit_val_batches", "1"]
+    cli(["validate", *quick, "--ckpt_path", "last"])
+    assert f"--ckpt_path last -> {latest / 'last.ckpt'}" in capsys.readouterr().out  # no name given: the latest run
+    cli(["fit", *quick, "--ckpt_path", "last", "--trainer.logger.init_args.name", "mine", "--trainer.max_epochs", "1"])
+    assert f"--ckpt_path last -> {mine}" in capsys.readouterr().out  # a resume of the run it names
+    cli(["validate", *quick, "--ckpt_path", "last", "--trainer.logger.init_args.name", "evaluation"])
+    assert f"--ckpt_path last -> {latest / 'last.ckpt'}" in capsys.readouterr().out  # its own new run's name
+    cli(["validate", *quick, "--ckpt_path", "last", "--trainer.logger", "false"])  # no TensorBoard: no name
+    assert "--ckpt_path last -> runs/digits/version_0/checkpoints/last.ckpt" in capsys.readouterr().out  # ./runs
+    (tmp_path / "data.yaml").write_text("class_path: template.data.DigitsDataModule\n")  # a file, not a class name
+    cli(["validate", *quick, "--ckpt_path", "last", "--data", str(tmp_path / "data.yaml")])
+    assert f"--ckpt_path last -> {latest / 'last.ckpt'}" in capsys.readouterr().out
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no run with checkpoints/last.ckpt under .*runs/imagefolder \(this command.s run name, from its --config, --data or logger name: imagefolder\); ",
+    ):
+        root = str(write_image_folder(tmp_path / "images", per_class=2))
+        cli(["validate", *quick, "--ckpt_path", "best", "--data", "ImageFolderDataModule", "--data.root", root])
+
+
+def test_weights_that_give_nan_outputs_are_never_scored_nor_written_as_predictions(trained, tmp_path, capsys):
+    """Finite weights may give NaN outputs (a BatchNorm's running_var below 0): test printed an accuracy of the NaN
+    logits' argmax, and predict wrote a class and probability nan for every image, exit status 0 both."""
+    checkpoint = torch.load(trained, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    checkpoint["state_dict"]["net.stem.1.running_var"].fill_(-1.0)
+    torch.save(checkpoint, tmp_path / "negative_variance.ckpt")
+    for command, says in (("test", "test/loss is nan: the network's outputs are NaN"), ("predict", "for 360 of 360")):
+        with pytest.raises(SystemExit, match="1"):
+            main([command, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / "negative_variance.ckpt")])
+        assert says in capsys.readouterr().err
+    assert not list((tmp_path / "runs").rglob("predictions.csv"))
+
+
 @pytest.mark.slow
 def test_a_checkpoint_outside_a_run_never_makes_fit_delete_its_neighbours(trained, tmp_path, monkeypatch):
     downloads = tmp_path / "downloads"
@@ -597,16 +639,21 @@ def test_links_planted_in_a_run_directory_never_lead_a_write_outside_it(trained,
     assert not (run_dir / "checkpoints" / "last.ckpt").is_symlink() and not planted.exists()
 
 
-@pytest.mark.parametrize("plant", ["fifo", "link in a subfolder", "hard link", "too many entries", "1,500 levels"])
+@pytest.mark.parametrize(
+    "plant", ["fifo", "folder", "link in a subfolder", "hard link", "too many entries", "1,500 levels"]
+)
 def test_a_run_directory_holding_what_no_run_writes_is_resumed_into_a_new_one(trained, tmp_path, plant):
-    """A FIFO by a name the run opens (it would wait forever), a link one folder down, a file with a second name
-    elsewhere (a write in place lands there too), a folder of a million files: not the run's own, so a fit resumes
-    into a new run directory."""
+    """A FIFO by a name the run opens (it would wait forever), a folder by a name it writes (it failed at the epoch's
+    end, the epoch lost), a link one folder down, a file with a second name elsewhere (a write in place lands there
+    too), a folder of a million files: not the run's own, so a fit resumes into a new run directory."""
     run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
     assert restore.own_run(run_dir / "checkpoints" / "last.ckpt", tmp_path / "runs") == run_dir.resolve()
     if plant == "fifo":
         (run_dir / "metrics.csv").unlink()
         os.mkfifo(run_dir / "metrics.csv")
+    elif plant == "folder":
+        (run_dir / "metrics.csv").unlink()
+        (run_dir / "metrics.csv").mkdir()
     elif plant == "link in a subfolder":
         (run_dir / "checkpoints" / "deeper").mkdir()
         (run_dir / "checkpoints" / "deeper" / "note").symlink_to(tmp_path)
@@ -1320,6 +1367,21 @@ def test_a_resume_says_which_trainer_settings_it_takes_from_its_runs_config_yaml
     enter("fit", run_dir / "checkpoints" / "last.ckpt", tmp_path)  # its options give max_epochs 2: they override it
     said = next(line for line in capsys.readouterr().out.splitlines() if "where no option is given" in line)
     assert "min_steps=3" in said and "max_epochs" not in said and "limit_train_batches" not in said
+
+
+def test_a_runs_config_yaml_never_chooses_the_best_by_another_metric_than_its_checkpoint(trained, tmp_path):
+    """config.yaml's checkpoint.monitor and mode are taken by a resume: edited to train/loss (a stranger's run), the
+    resume kept its bests by training loss, the most overfit, with no word of it. The checkpoint's own are taken."""
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resumed = restore.restore(last, ClassificationModule, tmp_path / "runs", fit=True)
+    assert resumed.config["checkpoint"] == {"monitor": "val/acc", "mode": "max"}
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["checkpoint"].update(monitor="train/loss", mode="min")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.warns(UserWarning, match="'train/loss', mode 'min'; the checkpoint resumed kept them by .'val/acc', "):
+        resumed = restore.restore(last, ClassificationModule, tmp_path / "runs", fit=True)
+    assert resumed.config["checkpoint"] == {"monitor": "val/acc", "mode": "max"}
 
 
 def test_a_datamodules_classes_are_held_to_the_bounds_of_class_names(trained, tmp_path):

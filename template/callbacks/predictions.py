@@ -35,6 +35,14 @@ class PredictionWriter(BasePredictionWriter):
         if len(indices) != len(probabilities):
             indices = list(range(len(probabilities)))
         sample_ids = getattr(trainer.datamodule, "predict_ids", None)
+        if not (finite := probabilities.isfinite().all(dim=1)).all():  # its argmax would pass for an answer
+            first = indices[int((~finite).nonzero()[0])]
+            raise FloatingPointError(  # not a ValueError: said by the rank that found it, whichever it is
+                f"the network's outputs are NaN or infinite for {int((~finite).sum())} of {len(finite)} images (the "
+                f"first: {sample_ids[first] if sample_ids is not None else first}): no class is their answer, and this "
+                "process wrote no predictions. Its weights give them (a BatchNorm running_var below 0, values past the "
+                "precision's range): check the checkpoint, or predict in 32-bit (--trainer.precision 32-true)"
+            )
         class_names = getattr(pl_module, "class_names", None) or [str(k) for k in range(probabilities.shape[1])]
         top_p, top_class = probabilities.topk(min(self.top_k, probabilities.shape[1]), dim=1)
         name = self.filename if trainer.world_size == 1 else f"{Path(self.filename).stem}-rank{trainer.global_rank}.csv"

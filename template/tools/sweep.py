@@ -230,6 +230,17 @@ def check_database(path: Path, storage_url: str) -> None:
             )
 
 
+def backed(trial, out_dir: Path, sign: float, monitor: str) -> bool:
+    """Whether a finished trial's value is backed by its run here (``checked_run``; a damaged checkpoint: not)."""
+    try:
+        with warnings.catch_warnings():  # monitored_score's word on a damaged checkpoint: said of --ckpt_path best
+            warnings.simplefilter("ignore")
+            checked_run(trial, out_dir / f"trial_{trial.number:03d}", sign, monitor, f"trial {trial.number}")
+    except ValueError:
+        return False
+    return True
+
+
 def open_study(options: argparse.Namespace, storage_url: str, direction: str) -> optuna.Study:
     with contextlib.suppress(sqlalchemy.exc.ArgumentError):  # no URL: said by the storage below
         url = sqlalchemy.engine.make_url(storage_url)
@@ -460,5 +471,15 @@ def main(args: list[str]) -> None:
     same_study(study, space, fit_args)
     dashboard = shown_command(["optuna-dashboard", storage_url], markup=False)
     print(f"study {options.study_name} in {shown(storage_url, markup=False)} ({dashboard})", file=sys.stderr)
+    sign, finished = 1.0 if mode == "max" else -1.0, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if unbacked := [t.number for t in finished if not backed(t, runs_dir / options.study_name, sign, monitor)]:
+        print(  # a database from elsewhere may hold trials to steer the search: said, as best.yaml passes them over
+            f"note: study {options.study_name} holds {len(unbacked)} finished trial(s) no run here backs (trials "
+            f"{', '.join(map(str, unbacked[:5]))}{', ...' * (len(unbacked) > 5)}: no run folder with their best "
+            "checkpoint): Optuna's sampler and pruner learn from them as from the others, and best.yaml passes them "
+            "over. Another machine's, or runs you removed: as meant; a database from elsewhere: a study of your own "
+            "(--study_name, --storage) leaves them out",
+            file=sys.stderr,
+        )
     run_study(study, options, fit_args, space, monitor, runs_dir)
     report(study, runs_dir / options.study_name, monitor, space, fit_args)

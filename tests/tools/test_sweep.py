@@ -374,6 +374,9 @@ def test_a_complete_trial_planted_in_the_database_is_never_the_best_one(tmp_path
             study.execute(f"INSERT INTO {table} SELECT NULL, ?, {copied} FROM {table}", (planted,))
     capsys.readouterr()
     main(sweep)
-    assert "refusing trial 1 of study lr: " in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "refusing trial 1 of study lr: " in said.out
+    # The sampler and the pruner still learn from it (five planted at 1.0 pruned every real trial): said at the start.
+    assert "note: study lr holds 1 finished trial(s) no run here backs (trials 1: no run folder" in said.err
     best = (tmp_path / "runs" / "lr" / "best.yaml").read_text()
     assert "(trial 0, " in best.splitlines()[0] and "lr: 0.002\n" not in best
