@@ -3,6 +3,7 @@ say what data and run they came from."""
 
 import contextlib
 import errno
+import glob
 import hashlib
 import io
 import itertools
@@ -220,10 +221,12 @@ def check_unwrapped(state_dict: dict, source: str | Path) -> None:
 
 
 def match_keys(net: nn.Module, state_dict: dict) -> tuple[dict[str, torch.Tensor], list[str], list[str], list[str]]:
-    """``state_dict`` keyed as ``net``'s (wrapper, ``net.`` prefixes dropped); its missing, extra, other-shaped keys."""
-    state_dict = state_dict.get("state_dict", state_dict)
-    stripped = strip_prefixes(state_dict, "net.") or strip_prefixes(state_dict)  # or a network's, with no "net."
-    expected = net.state_dict()
+    """``state_dict`` keyed as ``net``'s (wrapper prefixes dropped, and a module's ``net.`` where that matches more of
+    ``net``'s keys: a network may have a child called net); its missing, extra and other-shaped keys."""
+    state_dict, expected = state_dict.get("state_dict", state_dict), net.state_dict()
+    by_module, whole = strip_prefixes(state_dict, "net."), strip_prefixes(state_dict)
+    common = [len(expected.keys() & keys.keys()) for keys in (by_module, whole)]
+    stripped = by_module if by_module and common[0] >= common[1] else whole
     missing = sorted(set(expected) - set(stripped))
     unexpected = sorted(set(stripped) - set(expected))
     mismatched = sorted(k for k in set(stripped) & set(expected) if stripped[k].shape != expected[k].shape)
@@ -374,21 +377,23 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
             "Give the weights of the same architecture as model.net, or choose the network they belong to"
         )
     print(f"weights_file {path}: {len(in_common) - len(mismatched)} of {len(net.state_dict())} tensors loaded")
-    load_weights(net, stripped, strict=False)
+    load_weights(net, state_dict, strict=False)  # matched again as above: never stripped twice
     if mismatched or missing:
         print(f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
 
 
-def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None) -> Path:
-    """The best or last checkpoint of the run under ``runs_dir`` whose ``last.ckpt`` or ``preempted.ckpt`` was written
-    last (a `validate` run, writing none, never hides the run it evaluated); its last is the newer of the two. Its best
-    is by ``monitor`` where the run kept bests by several metrics, else by the one it kept them by."""
+def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None, name: str | None = None) -> Path:
+    """The best or last checkpoint of the run under ``runs_dir`` (under ``runs_dir/name`` where the command names its
+    runs) whose ``last.ckpt`` or ``preempted.ckpt`` was written last (a `validate` run, writing none, never hides the
+    run it evaluated); its last is the newer of the two. Its best is by ``monitor`` where the run kept bests by several
+    metrics, else by the one it kept them by."""
     if alias not in CHECKPOINT_ALIASES:
         raise ValueError(f"unknown checkpoint alias {alias!r}; use one of {CHECKPOINT_ALIASES} or a path")
     runs_dir, now = Path(runs_dir), time.time()
     lasts, future = [], []
     # A run lies 1 to 4 folders down (runs/<name>/<version>, a sweep's trial, a cv's fold): no deeper tree is walked.
-    runs = [f"{'*/' * depth}checkpoints/{name}.ckpt" for depth in range(1, 5) for name in ("last", "preempted")]
+    first = f"{glob.escape(name)}/" if name else "*/"
+    runs = [f"{first}{'*/' * depth}checkpoints/{kept}.ckpt" for depth in range(4) for kept in ("last", "preempted")]
     for path in (path for pattern in runs for path in runs_dir.glob(pattern)):
         with contextlib.suppress(OSError):  # gone since the glob
             if stat.S_ISREG((status := path.stat()).st_mode):  # a FIFO or device by that name is no run's
@@ -397,8 +402,9 @@ def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None
         rank_zero_warn(f"--ckpt_path {alias}: passing over {', '.join(str(p) for _, p in future)}, dated in the future")
     if not lasts:
         raise FileNotFoundError(
-            f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve()}; "
-            f"train one with `{__package__} fit` first, or pass the path of a .ckpt file"
+            f"--ckpt_path {alias}: no run with checkpoints/last.ckpt under {runs_dir.resolve().joinpath(name or '')}"
+            + f" (this command's run name, from its --config, --data or logger name: {name})" * bool(name)
+            + f"; train one with `{__package__} fit` first, or pass the path of a .ckpt file"
         )
     if alias == "last":
         return max(lasts)[1]

@@ -110,7 +110,7 @@ class ClassificationCLI(LightningCLI):
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         if self.restored:
             check_restored_model(self.restored, config.model.as_dict(), resuming=self.subcommand == "fit")
-        place_run(config, self.run_name, resumed, self.restored.path if self.restored else None)
+        place_run(config, self.run_name, resumed, self.restored and self.restored.path, self.subcommand == "fit")
 
     def instantiate_classes(self) -> None:
         """As LightningCLI does, the DataModule first: the network gets its class count and channels where its

@@ -1,9 +1,19 @@
-"""Test-time augmentation: evaluation, like training, sees each image in the poses it was trained on."""
+"""Test-time augmentation: evaluation, like training, sees each image in the poses it was trained on; and which of
+the recipe's metrics were fed."""
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torchmetrics import Metric
+
+
+def fed(trainer: Any, metric: Metric) -> bool:
+    """Whether ``metric`` saw a batch on any DDP rank (one sync): a step of a subclass's own that does not call
+    ``super()`` feeds the recipe's none, and logged they would say 0 or NaN; all ranks decide alike, since a metric
+    logged on some ranks alone would leave the others waiting for it."""
+    return trainer.strategy.reduce_boolean_decision(bool(metric.update_count), all=False)
 
 
 def multi_crop_logits(

@@ -16,7 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from template.compat import is_compiled
 from template.data_init import init_from_data
-from template.evaluation import multi_crop_logits
+from template.evaluation import fed, multi_crop_logits
 from template.restore import load_module, register
 from template.schedule import (
     Factory,
@@ -27,6 +27,7 @@ from template.schedule import (
     parameter_groups,
     run_length,
 )
+from template.text import check_class_names
 
 __all__ = ["ClassificationModule", "WarmupCosine", "parameter_groups"]  # WarmupCosine: older configs name it here
 # Injected by LightningCLI from YAML (`class_path` + `init_args`): any torch optimizer and scheduler.
@@ -45,8 +46,7 @@ class ClassificationModule(L.LightningModule):
             ``total_steps`` gets the run's length in the unit it steps at (``template.schedule.run_length``).
         scheduler_interval: ``step`` or ``epoch``; by default the unit its own arguments count (``interval_of``).
         scheduler_monitor: the metric ReduceLROnPlateau watches (each validation).
-        label_smoothing: mass moved from the true class to all classes in the training loss (val/ and test/loss
-            are plain cross-entropy).
+        label_smoothing: of the training loss' targets (val/ and test/loss are plain cross-entropy).
         channels_last: NHWC weights and inputs, which tensor-core convolutions (fp16/bf16) run faster.
         compile: ``torch.compile`` the network in place (``nn.Module.compile``: checkpoint keys unchanged).
         flip_tta, tta_translate: evaluate on the mean logits of each image, its mirror and crops shifted by
@@ -72,8 +72,7 @@ class ClassificationModule(L.LightningModule):
         layer_decay: float | None = None,
     ) -> None:
         super().__init__()
-        if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"{len(class_names)} class_names given for num_classes={num_classes}")
+        check_class_names(class_names or [], num_classes)  # as a checkpoint's are: refused now, not when read back
         # Registry names and plain values, for template.restore; objects passed from Python would need pickle.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Attribute '.*' is an instance of `nn.Module`")
@@ -95,8 +94,7 @@ class ClassificationModule(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         # "disable": a NaN loss shows as NaN (the default drops it with a warning), and no check syncs.
-        self.val_loss = MeanMetric(nan_strategy="disable")
-        self.test_loss = MeanMetric(nan_strategy="disable")
+        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
         self.val_images, self.test_images = SumMetric(), SumMetric()  # how many were evaluated, over all ranks
         self.images_evaluated: dict[str, int] = {}
 
@@ -138,7 +136,8 @@ class ClassificationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.log("train/acc", self.train_acc)  # Lightning computes it, synced across DDP ranks, and resets it
+        if fed(self.trainer, self.train_acc):  # not by a training_step of a subclass's own
+            self.log("train/acc", self.train_acc)  # Lightning computes it, synced across DDP ranks, and resets it
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         # Before clipping: spikes and collapses show a learning rate too high or low. Only at logged steps (a sync).
@@ -158,8 +157,9 @@ class ClassificationModule(L.LightningModule):
 
     def _log_evaluation(self, split: str) -> None:
         # Computed over the whole split, across DDP ranks (every rank checkpoints on the same value), and reset.
-        self.log(f"{split}/loss", getattr(self, f"{split}_loss"))
-        self.log(f"{split}/acc", getattr(self, f"{split}_acc"), prog_bar=True)
+        for name, metric in (("loss", getattr(self, f"{split}_loss")), ("acc", getattr(self, f"{split}_acc"))):
+            if fed(self.trainer, metric):
+                self.log(f"{split}/{name}", metric, prog_bar=name == "acc")
         counter = getattr(self, f"{split}_images")
         if not self.trainer.sanity_checking:  # its few batches: not what a score of the run covered
             self.images_evaluated[split] = int(counter.compute())

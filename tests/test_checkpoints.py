@@ -23,6 +23,7 @@ from template.checkpoints import (
     check_optimizer_state,
     find_checkpoint,
     load_checkpoint,
+    load_pretrained,
     load_weights,
 )
 from template.commands import main
@@ -234,6 +235,34 @@ def test_load_weights_strips_wrapper_prefixes_and_names_mismatches(tmp_path, cap
     printed = capsys.readouterr().out
     assert "not loaded, missing from the checkpoint: extra.bias, extra.weight" in printed
     assert torch.equal(changed.stem[0].weight, source.stem[0].weight)  # the rest did load
+
+
+class ChildCalledNet(nn.Module):
+    """A network whose own child is called net (as many a user's is): its keys start net., as a module's do."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_network_with_a_child_called_net_loads_its_weights_from_a_checkpoint_and_a_state_dict(tmp_path, capsys):
+    """Its net. was taken for the module's and dropped, twice by --weights_file: "4 of 4 tensors loaded" said of
+    none loaded, the run trained on from random weights; its own state_dict file was refused as another network's."""
+    source = ChildCalledNet()
+    torch.save({"state_dict": {f"net.{k}": v for k, v in source.state_dict().items()}}, tmp_path / "module.ckpt")
+    torch.save(source.state_dict(), tmp_path / "state_dict.pt")
+    for path in (tmp_path / "module.ckpt", tmp_path / "state_dict.pt"):
+        for load in (load_weights, lambda net, path: load_pretrained(net, path, "net.3")):
+            target = ChildCalledNet()
+            load(target, path)
+            assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+    assert "not loaded" not in capsys.readouterr().out
+    other_head = ChildCalledNet(num_classes=3)  # another class count: all but the classifier
+    load_pretrained(other_head, tmp_path / "module.ckpt", "net.3")
+    assert torch.equal(other_head.net[1].weight, source.net[1].weight) and "2 of 4 tensors" in capsys.readouterr().out
 
 
 def test_load_checkpoint_reads_lightning_checkpoints(tmp_path):

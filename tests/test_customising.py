@@ -1,6 +1,8 @@
 """Ordinary customisations give what the user asked for: no silent wrong result, no hint that leads nowhere."""
 
+import csv
 import importlib
+import math
 import re
 import shlex
 import shutil
@@ -340,6 +342,58 @@ def test_a_watcher_of_your_modules_metric_logged_after_the_sanity_check_is_warne
     with pytest.warns(UserWarning, match="EarlyStopping watches val_late, which validation does not log; it logs val/"):
         fitted = run_cli("fit", *QUICK, *late)
     assert fitted.trainer.global_step == 2  # trained
+
+
+LIMITED = ["--trainer.limit_val_batches", "2"]
+OWN_STEPS = """import torch.nn.functional as F
+from template.module import ClassificationModule
+
+
+class OwnSteps(ClassificationModule):  # Lightning's docs' steps, no super(): the recipe's metrics see no batch
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        logits = self(batch[0])
+        self.log("val/acc", (logits.argmax(1) == batch[1]).float().mean())
+        self.log("val/loss", F.cross_entropy(logits, batch[1]))
+
+
+class AccuracyOnly(ClassificationModule):  # feeds the recipe's accuracy alone: its loss is left unlogged, not NaN
+    def validation_step(self, batch, batch_idx):
+        self.val_acc.update(self(batch[0]), batch[1])
+"""
+
+
+def test_steps_of_your_own_log_their_metrics_never_the_recipes_unfed_ones(run_cli, tmp_path, monkeypatch):
+    """The recipe's epoch-end hooks logged its metrics, fed no batch, over yours: val/acc 0.0 and val/loss nan every
+    epoch, the best checkpoint the first epoch's; train/acc 0.0 every epoch."""
+    (tmp_path / "own_steps.py").write_text(OWN_STEPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fitted = run_cli("fit", *QUICK, "--model", "own_steps.OwnSteps", *LIMITED)
+    rows = list(csv.DictReader((Path(fitted.trainer.log_dir) / "metrics.csv").open()))
+    assert rows and all(0.0 < float(row["val/acc"]) and math.isfinite(float(row["val/loss"])) for row in rows)
+    assert "train/acc" not in fitted.trainer.callback_metrics  # none measured: none logged
+    fitted = run_cli("fit", *QUICK, "--model", "own_steps.AccuracyOnly", *LIMITED)
+    best = fitted.trainer.checkpoint_callback.best_model_path  # val/loss unlogged: not refused as NaN outputs
+    evaluated = run_cli("validate", "--model", "own_steps.AccuracyOnly", "--ckpt_path", best, *LIMITED)
+    assert "val/acc" in evaluated.trainer.callback_metrics and "val/loss" not in evaluated.trainer.callback_metrics
+
+
+def test_a_fit_without_a_logger_never_writes_over_another_runs_checkpoints(run_cli, tmp_path):
+    """With --trainer.logger false, Lightning writes to ./checkpoints: a second such fit wrote its last.ckpt over the
+    first's, and its bests beside them (best-epoch000-v1.ckpt), with a warning alone."""
+    unlogged = [*QUICK, "--trainer.limit_val_batches", "1", "--trainer.logger", "false"]
+    run_cli("fit", *unlogged)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    written = last.read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoints/last.ckpt is another run's: a new fit with --trainer.logger f"):
+        run_cli("fit", *unlogged)
+    assert last.read_bytes() == written
+    run_cli("validate", "--ckpt_path", str(last), *unlogged[-4:])  # evaluated, and resumed, in its place
+    assert run_cli("fit", *unlogged, "--ckpt_path", str(last), "--trainer.max_epochs", "2").trainer.current_epoch == 2
 
 
 def test_a_watcher_of_your_own_metric_against_its_name_is_warned_of(run_cli):

@@ -128,8 +128,13 @@ def test_objects_passed_from_python_stay_out_of_the_hyperparameters():
     }
     assert set(module.hparams) == {"num_classes", "class_names", "input_shape", "label_smoothing", *switches}
     assert module.example_input_array.shape == (2, 1, 8, 8)
-    with pytest.raises(ValueError, match="3 class_names given for num_classes=10"):
+    with pytest.raises(ValueError, match=r"'3 names' is not one for each of its 10 classes \(num_classes=10\)"):
         make_module(class_names=["a", "b", "c"])
+    twice = [(["a", "b", "a"], "'a' is a class name given twice"), (["a", "b\n"], r"'b\\n' is a class name")]
+    twice.append((["caf\u00e9", "cafe\u0301"], r"'café' is a class name given twice \(or as two Unicode forms"))
+    for names, why in twice:
+        with pytest.raises(ValueError, match=why):  # a checkpoint of the run would be refused: said before it trains
+            make_module(class_names=[*names, *map(str, range(10 - len(names)))])
 
 
 def test_flip_tta_averages_the_logits_of_each_image_and_its_mirror():

@@ -90,6 +90,42 @@ def image_size_pair(size: int | Sequence[int]) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+def checked_split(data: "ImageDataModule", split: str, loaded: object) -> Split:
+    """``load_split``'s images and labels as the recipe takes them (int32 labels made int64), or an error naming
+    what they are and the fix: each mistake trained silently wrong or failed steps later, naming no load_split."""
+    where = f"{type(data).__name__}.load_split({split!r})"
+    if not isinstance(loaded, tuple | list) or len(loaded) != 2:
+        count = f" of {len(loaded)}" if isinstance(loaded, tuple | list) else ""
+        raise ValueError(f"{where} returned a {type(loaded).__name__}{count}: it returns two, (images, labels)")
+    for name, value in zip(("images", "labels"), loaded):
+        if not isinstance(value, torch.Tensor):
+            fix = f"torch.from_numpy({name})" if isinstance(value, np.ndarray) else "torch.as_tensor"
+            raise ValueError(f"{where} gave {name} as {type(value).__name__}, not a torch.Tensor ({fix})")
+    images, labels = loaded
+    if images.dtype != torch.uint8 or images.ndim != 4:  # floats would be normalised as if 0-255: silently wrong
+        raise ValueError(
+            f"{where} gave images of {images.dtype}, shape {tuple(images.shape)}: it returns uint8 images (N, C, H, W) "
+            "of 0-255 (floats in [0, 1]: (images * 255).round().to(torch.uint8))"
+        )
+    if images.shape[1] != data.in_channels:
+        last = " (channels last: images.permute(0, 3, 1, 2))" if images.shape[3] == data.in_channels else ""
+        shape, channels = tuple(images.shape), data.in_channels
+        raise ValueError(f"{where} gave images of shape {shape}: (N, C, H, W) of C = in_channels = {channels}{last}")
+    if split == "predict":  # its labels are not used (-1 will do)
+        return images, labels
+    if labels.ndim != 1 or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"{where} gave labels of {labels.dtype}, shape {tuple(labels.shape)}: it returns class indices (N,) of "
+            "int64 (one-hot or class probabilities (N, K): labels.argmax(1))"
+        )
+    if len(labels) and not 0 <= labels.min() <= labels.max() < data.num_classes:
+        raise ValueError(
+            f"{where} gave labels {int(labels.min())} to {int(labels.max())}: class indices run from 0 to "
+            f"num_classes - 1 = {data.num_classes - 1} (from 1: labels - 1)"
+        )
+    return images, labels.long()
+
+
 class ImageDataModule(L.LightningDataModule, ABC):
     """Base of the image sources: splits, loaders, and device-side augmentation.
 
@@ -211,15 +247,8 @@ class ImageDataModule(L.LightningDataModule, ABC):
         """Return uint8 images (N, C, H, W) and int64 labels of ``split`` (train, val, test or predict)."""
 
     def make_dataset(self, split: str) -> Dataset:
-        """The dataset of one split; by default the in-memory uint8 images of ``load_split``."""
-        images, labels = self.load_split(split)
-        if images.dtype != torch.uint8 or images.ndim != 4:  # floats would be normalised as if 0-255: silently wrong
-            raise ValueError(
-                f"{type(self).__name__}.load_split({split!r}) gave images of {images.dtype}, shape "
-                f"{tuple(images.shape)}: it returns uint8 images (N, C, H, W) of 0-255 (floats in [0, 1]: "
-                "(images * 255).round().to(torch.uint8))"
-            )
-        return TensorImageDataset(images, labels)
+        """The dataset of one split; by default the in-memory uint8 images of ``load_split``, checked."""
+        return TensorImageDataset(*checked_split(self, split, self.load_split(split)))
 
     def loader_workers(self, dataset: Dataset) -> int:
         return self.num_workers

@@ -80,10 +80,21 @@ def check_fits(net: nn.Module, input_shape: tuple[int, int, int], num_classes: i
         ) from None
     finally:
         net.train(training)
-    if (shape := list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__) != [2, num_classes]:
+    if not isinstance(output, torch.Tensor):  # a tuple (logits, features), a dict of heads
         raise ValueError(
-            f"the network {type(net).__name__} gives outputs of shape {shape} for 2 images, not [2, {num_classes}] "
-            f"(one logit per class of the data); give it num_classes, or a head with {num_classes} outputs"
+            f"the network {type(net).__name__} gives a {type(output).__name__}, not a tensor of [2, {num_classes}] "
+            "logits for 2 images: its forward returns the logits alone (keep other outputs in another method)"
+        )
+    if list(output.shape) != [2, num_classes]:
+        raise ValueError(
+            f"the network {type(net).__name__} gives outputs of shape {list(output.shape)} for 2 images, not "
+            f"[2, {num_classes}] (one logit per class of the data); give it num_classes, or a head with "
+            f"{num_classes} outputs"
+        )
+    if num_classes > 1 and output.min() >= 0 and torch.allclose(output.double().sum(dim=1), torch.ones(2).double()):
+        raise ValueError(  # the classic silent bug: cross-entropy's log-softmax of probabilities flattens its gradients
+            f"the network {type(net).__name__} gives probabilities (each image's outputs sum to 1), not logits: "
+            "remove the softmax at the end of its forward; cross-entropy applies log-softmax itself, predict softmax"
         )
 
 

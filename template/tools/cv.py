@@ -9,6 +9,7 @@ import argparse
 import csv
 import io
 import itertools
+import re
 import statistics
 
 from rich.console import Console
@@ -33,6 +34,9 @@ def main(args: list[str]) -> None:
     options, fit_args = parser.parse_known_args(args)
     blame = f"{parser.prog}: error: the DataModule takes no folds: pass **kwargs on to ImageDataModule (README, Swap the data)"
     config = fits.checked_config(fit_args, [f"--data.init_args.folds={options.folds}"], blame)
+    # Given on its command line, they would be set over in silence; a --config's (a fold run's record) are cv's to set.
+    if given := [token.split("=")[0] for token in fit_args if re.match(r"--data\.(init_args\.)?folds?(=|$)", token)]:
+        parser.error(f"cv sets data.folds (from --folds) and data.fold for each of its fits: leave out {given[0]}")
     runs_dir, name = fits.runs_place(config)
     monitor, _ = fits.monitored(config)
     # runs/<name>/cv_N for the first N not taken: a rerun never mixes its folds with an earlier one's.

@@ -124,7 +124,9 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
     checks = [Check("data", "labels", "pass", f"integer labels in [0, {num_classes}) in every split")]
     counts = {split: torch.bincount(labels, minlength=num_classes) for split, (_, labels) in contents.items()}
     sizes = " / ".join(f"{split} {int(count.sum())}" for split, count in counts.items())
-    missing = {split: (count == 0).nonzero().flatten().tolist() for split, count in counts.items()}
+    names = getattr(datamodule, "class_names", None) or []  # the classes by name, as the folders or the data say
+    names = names if len(names) == num_classes else list(map(str, range(num_classes)))
+    missing = {split: [names[i] for i in (count == 0).nonzero().flatten().tolist()] for split, count in counts.items()}
     train = counts["train"]
     if missing["train"]:
         status, detail = "fail", f"classes {missing['train']} have no training image"
@@ -133,7 +135,8 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
         status, detail = "warn", f"classes missing from val {missing.get('val')} / test {missing.get('test')}"
         fix = "use a stratified split (as the built-in sources do) or more held-out images"
     elif train.max() > 10 * train.min():
-        status, detail = "warn", f"train has {int(train.max())} images of one class and {int(train.min())} of another"
+        most, least = names[int(train.argmax())], names[int(train.argmin())]
+        status, detail = "warn", f"train has {int(train.max())} images of {most!r} and {int(train.min())} of {least!r}"
         fix = "weight the loss or sample classes evenly; report per-class accuracy"
     else:
         status, detail, fix = "pass", f"per class in train {int(train.min())}-{int(train.max())}", ""

@@ -122,6 +122,48 @@ def test_images_other_than_uint8_n_c_h_w_from_load_split_are_refused_naming_it(c
     assert "uint8 images (N, C, H, W)" in str(error.value) and ".round().to(torch.uint8)" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "convert, says",
+    [
+        (lambda images, labels: (images.numpy(), labels), r"gave images as ndarray, not a torch.Tensor \(torch.from"),
+        (lambda images, labels: (images.permute(0, 2, 3, 1), labels), r"channels last: images.permute\(0, 3, 1, 2\)"),
+        (lambda images, labels: (images, labels, None), "returned a tuple of 3: it returns two, \\(images, labels\\)"),
+        (lambda images, labels: (images, labels.float()), "gave labels of torch.float32, shape \\(100,\\): it returns"),
+        (lambda images, labels: (images, torch.eye(2)[labels]), r"one-hot or class probabilities \(N, K\)"),
+        (lambda images, labels: (images, labels + 1), r"gave labels 1 to 2: class indices run from 0 to num_classes"),
+    ],
+    ids=["numpy", "channels-last", "three-values", "float-labels", "one-hot", "from-1"],
+)
+def test_a_load_split_that_returns_what_the_recipe_cannot_take_is_refused_naming_the_fix(convert, says):
+    """Each trained silently wrong, or failed later naming no load_split: in an error of normalisation statistics,
+    of unpacking, of an index in the splits, or of cross-entropy at the first validation."""
+
+    class Mistaken(Squares):
+        def load_split(self, split: str):
+            return convert(*super().load_split(split))
+
+    with pytest.raises(ValueError, match=rf"Mistaken.load_split\('train'\) .*{says}"):
+        Mistaken().setup("fit")
+
+
+def test_int32_labels_from_load_split_train_as_int64_and_predict_labels_go_unchecked():
+    class Int32(Squares):
+        def load_split(self, split: str):
+            images, labels = super().load_split(split)
+            return images, labels.int()
+
+    data = Int32()
+    data.setup("fit")
+    assert data.datasets["train"].labels.dtype == torch.int64  # cross_entropy takes no int32 targets
+
+    class Unlabelled(Squares):  # predict's labels are not used: -1 will do, as the README says
+        def load_split(self, split: str):
+            images, labels = super().load_split(split)
+            return images, torch.full_like(labels, -1) if split == "predict" else labels
+
+    Unlabelled().setup("predict")
+
+
 def test_the_training_order_a_checkpoint_records_is_the_epoch_to_run_next_only_at_an_epochs_end():
     from template.data import DigitsDataModule
     from template.module import ClassificationModule

@@ -25,6 +25,15 @@ def torchvision_models():
     return torchvision.models
 
 
+class TupleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(x.flatten(1)), x.flatten(1)  # logits and features
+
+
 def test_a_network_that_does_not_fit_the_data_is_named_before_training():
     with pytest.raises(ValueError, match=r"does not take the data's inputs .* \[1, 8, 8\]: .*3 channels"):
         check_fits(torchvision_models().resnet18(num_classes=10), (1, 8, 8), 10)
@@ -32,6 +41,11 @@ def test_a_network_that_does_not_fit_the_data_is_named_before_training():
         check_fits(nn.Sequential(nn.MaxPool2d(4), nn.MaxPool2d(4), nn.Flatten(), nn.LazyLinear(10)), (1, 8, 8), 10)
     with pytest.raises(ValueError, match=r"outputs of shape \[2, 64\] for 2 images, not \[2, 10\]"):
         check_fits(nn.Flatten(), (1, 8, 8), 10)
+    with pytest.raises(ValueError, match=r"gives a tuple, not a tensor .*: its forward returns the logits alone"):
+        check_fits(TupleNet(), (1, 8, 8), 10)  # told to give it num_classes, which it had
+    with pytest.raises(ValueError, match=r"gives probabilities \(each image's outputs sum to 1\), not logits"):
+        check_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.Softmax(dim=1)), (1, 8, 8), 10)
+    check_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.LogSoftmax(dim=1)), (1, 8, 8), 10)  # log: as good
     net = nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64), nn.Linear(64, 10))
     before = net[1].running_mean.clone()
     check_fits(net, (1, 8, 8), 10)

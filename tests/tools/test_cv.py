@@ -55,6 +55,15 @@ def test_a_run_name_linked_out_of_the_runs_directory_is_refused_before_any_fold_
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.parametrize("given", [["--data.fold", "1"], ["--data.folds", "3"]])
+def test_fold_options_cv_would_set_over_are_refused_before_any_fit(tmp_path, capsys, given):
+    """`cv --folds 5 --data.fold 2` ran all five folds, the option ignored in silence (cv set its own after it)."""
+    with pytest.raises(SystemExit, match="2"):
+        main(["cv", "--folds", "5", *tiny_args(tmp_path / "runs"), *given])
+    assert f"leave out {given[0]}\n" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_folds_are_stratified_seeded_and_leave_the_test_split_alone():
     folds = [DigitsDataModule(folds=4, fold=fold) for fold in range(4)]
     for data in folds:

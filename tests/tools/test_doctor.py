@@ -8,6 +8,7 @@ from functools import partial
 import lightning as L
 import pytest
 import torch
+from conftest import write_image_folder
 from PIL import Image
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
@@ -70,9 +71,9 @@ class NaNPixels(DigitsDataModule):
 
 
 class LabelEqualToNumClasses(DigitsDataModule):
-    def load_split(self, split):
+    def make_dataset(self, split):  # a dataset of its own: past load_split's check
         images, labels = super().load_split(split)
-        return images, torch.where(torch.arange(len(labels)) == 7, self.num_classes, labels)
+        return TensorImageDataset(images, torch.where(torch.arange(len(labels)) == 7, self.num_classes, labels))
 
 
 class DuplicatedTestImage(DigitsDataModule):
@@ -280,6 +281,15 @@ def test_a_folder_without_test_images_is_a_warning_and_unreadable_files_a_named_
     data = ImageFolderDataModule(str(image_folder), test_fraction=0, **settings)
     found = checks(ResNetSmall(3, 3), data)
     assert failed(found) == ["fit splits"] and "broken.jpg" in found["fit splits"].detail
+
+
+def test_classes_missing_from_a_split_are_named_as_the_data_names_them(tmp_path):
+    """The class-balance check named classes by index ([2]), where the folders name them (owl)."""
+    root = write_image_folder(tmp_path / "images", per_class=20, splits=("train",))
+    write_image_folder(root, classes=("cat", "dog"), per_class=2, splits=("test",))
+    settings = {"image_size": 16, "batch_size": 8, "num_workers": 0, "cache_dir": str(tmp_path)}
+    found = checks(ResNetSmall(3, 3), ImageFolderDataModule(str(root), **settings))["class balance"]
+    assert found.status == "warn" and "test ['owl']" in found.detail, found.detail
 
 
 def test_what_a_check_saw_is_shown_as_text_never_as_markup_or_escapes(capsys, monkeypatch):
