@@ -50,6 +50,7 @@ LENGTH_HELD = (
     "max_epochs, max_steps and batch size; to train longer, start a new run from its weights (--weights_file)"
 )
 # torch's optimizers' per-parameter states of the parameter's shape (Adam's moments, SGD's momentum, Adagrad's sum...).
+LENGTHS = re.compile(r"^\[\d+\]/(T_i|T_0|T_max|T_mult|step_size|total_steps)$")  # of lr_schedulers[i]
 SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg", "sum"}
 SHAPED |= {"acc_delta", "ax", "prev", "step_size", "slow"}
 STEPS_COUNTED = ("optim_progress/optimizer/step/total/completed", "optim_step_progress/total/completed")
@@ -294,7 +295,12 @@ def named_tensors(value: Any) -> bool:
 
 
 def check_finite(state_dict: dict[str, torch.Tensor], source: str | Path) -> None:
-    if broken := [key for key, value in state_dict.items() if value.is_floating_point() and not value.isfinite().all()]:
+    """Refuse non-finite floats, and complex tensors (a real weight takes their real part, NaN or not)."""
+    if complex_ := [key for key, value in state_dict.items() if value.is_complex()]:
+        raise DamagedCheckpointError(f"refusing {source}: its {complex_[0]} is complex, which no real weight takes")
+    # float8 has no isfinite of its own: checked as float16, which holds every float8 value
+    finite = lambda value: (value.half() if value.element_size() == 1 else value).isfinite().all()  # noqa: E731
+    if broken := [key for key, value in state_dict.items() if value.is_floating_point() and not finite(value)]:
         raise DamagedCheckpointError(
             f"refusing {source}: its {broken[0]} holds NaN or infinite values ({len(broken)} of {len(state_dict)} "
             "tensors are not finite): a run that diverged, or a damaged file; use an earlier checkpoint"
@@ -577,6 +583,12 @@ def check_resume(
         )
     for index, (state, params) in enumerate(zip(value.get("optimizer_states") or (), shapes)):
         check_optimizer_state(state, params, f"optimizer_states[{index}]", source, value["global_step"])
+    for name, length in _leaves(value.get("lr_schedulers"), source):  # periods a schedule divides by: 0 fails late
+        if LENGTHS.search(name) and type(length) in (int, float) and not length >= 1:
+            raise DamagedCheckpointError(
+                f"refusing {source}: its lr_schedulers{spoken(name)} is {length!r}, where a schedule's length is at "
+                "least 1: damaged or made up; use another checkpoint"
+            )
     peak = max((v for k, v in _leaves(states) if RATE.search(k) and type(v) in (int, float)), default=float("inf"))
     for name, moved in _leaves({name: value.get(name) for name in states}):
         if (found := MOVED.search(name)) and type(moved) in (int, float):
@@ -659,6 +671,13 @@ def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
                 dropped.append(f"{key}={state[key]!r}")
                 state[key] = ""
         best_k = state.get("best_k_models")
+        scores = [state.get(key) for key in ("best_model_score", "kth_value", "current_score")]
+        scores += list(best_k.values()) if isinstance(best_k, dict) else []
+        if any(isinstance(s, torch.Tensor) and (s.numel() != 1 or s.isnan()) or s != s for s in scores):  # NaN != NaN
+            raise DamagedCheckpointError(
+                f"refusing {checkpoint_path}: its {name.split('{')[0]} state holds a score that is NaN or not one "
+                "number, which no later score beats (no new best would be saved): damaged or made up"
+            )
         if isinstance(best_k, dict):
             dropped += [f"best_k_models[{path!r}]" for path in best_k if not inside(path)]
             state["best_k_models"] = {path: score for path, score in best_k.items() if inside(path)}

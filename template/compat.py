@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch import nn
@@ -54,6 +55,15 @@ class _NamingRestore(_CheckpointConnector):
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         with restoring(checkpoint_path):
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
+
+    def restore_callbacks(self) -> None:
+        """EarlyStopping's patience is the command's option: Lightning took the file's (a stranger's 0 stopped a run
+        at its first epoch without a better score)."""
+        for callback in self.trainer.callbacks:
+            state = ((self._loaded_checkpoint or {}).get("callbacks") or {}).get(callback.state_key)
+            if isinstance(callback, EarlyStopping) and isinstance(state, dict) and "patience" in state:
+                state["patience"] = callback.patience
+        super().restore_callbacks()
 
     rolling_back = False
 

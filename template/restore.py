@@ -56,7 +56,7 @@ from template.text import MAX_CLASSES, names_problem, shown
 PLACES = ("root", "cache_dir", "predict_path", "download", "num_workers")
 # Linked by the CLI from the data (compared, not set); how to run is the command's (compile generates and loads code).
 LINKED, HOW_TO_RUN = ("num_classes", "class_names", "input_shape"), ("compile",)
-MAX_RECORD = 1 << 20  # a record as a parse reads it whole
+MAX_RECORD, MAX_BATCH = 1 << 20, 1 << 30  # a record as a parse reads it whole; a batch's values (4 GiB of floats)
 # A list the command parses again is checked item by item, a copy of it each time (jsonargparse): past this many class
 # names, the data's own folders give them, checked against the checkpoint's names once built (fit_data).
 MAX_PARSED_CLASSES = 2_000
@@ -370,6 +370,9 @@ def restore(
         values and shape[0] <= MAX_CHANNELS and shape[1] * shape[2] <= MAX_PIXELS and values <= 4 * MAX_PIXELS
     ):
         refuse(source, "hyper_parameters.input_shape", shape, "not an image's (channels, height, width)")
+    for key, size in (config.get("data") or {}).get("init_args", {}).items():  # a batch is made in memory at once
+        if key in ("batch_size", "global_batch_size") and type(size) is int and size * max(values, 1) > MAX_BATCH:
+            refuse(source, f"datamodule_hyper_parameters.{key}", size, f"a batch of over {MAX_BATCH:,} input values")
     if not 0 < (trained["num_classes"] or 1) <= MAX_CLASSES:
         refuse(source, "hyper_parameters.num_classes", trained["num_classes"], f"not 1 to {MAX_CLASSES:,}")
     check_names(names, "hyper_parameters.class_names", source, trained["num_classes"])
@@ -499,12 +502,11 @@ def for_command(ckpt_path: str, config: Namespace, model_class: type, subcommand
     a command configured by ``config`` (the user's command line and --config files, whose classes it may name)."""
     if ckpt_path in CHECKPOINT_ALIASES:
         monitor = (config.get("checkpoint") or {}).get("monitor")  # the best by the command's metric
-        # The latest run of the run name the command gives (a --config's, --data's class), not another's; a name
-        # given names a resume's run, and an evaluation's own new run (not the one it evaluates).
+        # The latest run of the run name the command gives (a --config's, --data's class, or given), not another's:
+        # an evaluation logs beside it, in a new version of that name.
         data = [value for value in option_values(args, *DATA_CLASS) if not Path(value).is_file()]  # not yet parsed
         name = run_name_of(config, data[-1] if data and re.fullmatch(r"[\w.]+", data[-1]) else None)
-        given = option_values(args, *RUN_NAME_OPTIONS)
-        named = name not in (None, recipe_run_name()[0]) and not given or given and subcommand == "fit"
+        named = name is not None and (name != recipe_run_name()[0] or option_values(args, *RUN_NAME_OPTIONS))
         alias, ckpt_path = ckpt_path, find_checkpoint(ckpt_path, runs_dir(config), monitor, name if named else None)
         rank_zero_only(print)(shown(f"--ckpt_path {alias} -> {ckpt_path}", markup=False))  # run names from the disk
     if not Path(ckpt_path).exists():  # a directory or another kind of file: named as what it is (checkpoints.py)

@@ -265,6 +265,23 @@ def test_a_network_with_a_child_called_net_loads_its_weights_from_a_checkpoint_a
     assert torch.equal(other_head.net[1].weight, source.net[1].weight) and "2 of 4 tensors" in capsys.readouterr().out
 
 
+def test_weights_of_complex_or_float8_values_are_refused_or_read_naming_the_tensor(tmp_path):
+    """A complex tensor's real part was copied into a real weight, NaN and all, past the finiteness check; a float8
+    tensor failed it with torch's "isfinite not implemented", naming no file."""
+    weights = ResNetSmall(10, 1).state_dict()
+    planted = {**weights, "stem.0.weight": torch.full_like(weights["stem.0.weight"], float("nan"), dtype=torch.cfloat)}
+    torch.save(planted, tmp_path / "complex.pt")
+    with pytest.raises(CheckpointError, match=r"complex.pt: its stem.0.weight is complex, which no real weight takes"):
+        load_weights(ResNetSmall(10, 1), tmp_path / "complex.pt")
+    eight = {**weights, "stem.0.weight": weights["stem.0.weight"].to(torch.float8_e4m3fn)}
+    torch.save(eight, tmp_path / "float8.pt")
+    load_weights(ResNetSmall(10, 1), tmp_path / "float8.pt")  # finite: read
+    eight["stem.0.weight"] = torch.full_like(eight["stem.0.weight"], float("nan"))
+    torch.save(eight, tmp_path / "float8.pt")
+    with pytest.raises(CheckpointError, match=r"float8.pt: its stem.0.weight holds NaN or infinite values"):
+        load_weights(ResNetSmall(10, 1), tmp_path / "float8.pt")
+
+
 def test_load_checkpoint_reads_lightning_checkpoints(tmp_path):
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"net.w": torch.ones(2)}, "epoch": 3}, tmp_path / "a.ckpt")
     assert load_checkpoint(tmp_path / "a.ckpt")["epoch"] == 3

@@ -555,8 +555,8 @@ def test_best_and_last_take_the_latest_run_of_the_run_name_the_command_gives(tra
     assert f"--ckpt_path last -> {latest / 'last.ckpt'}" in capsys.readouterr().out  # no name given: the latest run
     cli(["fit", *quick, "--ckpt_path", "last", "--trainer.logger.init_args.name", "mine", "--trainer.max_epochs", "1"])
     assert f"--ckpt_path last -> {mine}" in capsys.readouterr().out  # a resume of the run it names
-    cli(["validate", *quick, "--ckpt_path", "last", "--trainer.logger.init_args.name", "evaluation"])
-    assert f"--ckpt_path last -> {latest / 'last.ckpt'}" in capsys.readouterr().out  # its own new run's name
+    cli(["validate", *quick, "--ckpt_path", "last", "--trainer.logger.init_args.name", "mine"])
+    assert f"--ckpt_path last -> {mine}" in capsys.readouterr().out  # evaluated, and logged beside it
     cli(["validate", *quick, "--ckpt_path", "last", "--trainer.logger", "false"])  # no TensorBoard: no name
     assert "--ckpt_path last -> runs/digits/version_0/checkpoints/last.ckpt" in capsys.readouterr().out  # ./runs
     (tmp_path / "data.yaml").write_text("class_path: template.data.DigitsDataModule\n")  # a file, not a class name
@@ -1382,6 +1382,53 @@ def test_a_runs_config_yaml_never_chooses_the_best_by_another_metric_than_its_ch
     with pytest.warns(UserWarning, match="'train/loss', mode 'min'; the checkpoint resumed kept them by .'val/acc', "):
         resumed = restore.restore(last, ClassificationModule, tmp_path / "runs", fit=True)
     assert resumed.config["checkpoint"] == {"monitor": "val/acc", "mode": "max"}
+
+
+def planted(trained: Path, tmp_path: Path, plant) -> Path:
+    """A copy of the trained run, its last.ckpt changed by ``plant`` (its digest left out: damage, not intent)."""
+    run_dir = shutil.copytree(trained.parents[1], tmp_path / "runs" / "digits" / "version_0")
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    del checkpoint["integrity"]
+    plant(checkpoint)
+    torch.save(checkpoint, run_dir / "checkpoints" / "last.ckpt")
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def nan_scores(checkpoint: dict) -> None:
+    state = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ModelCheckpoint{'monitor': 'val"))
+    state.update(best_model_score=torch.tensor(float("nan")), kth_value=torch.tensor(float("nan")))
+
+
+def huge_batches(checkpoint: dict) -> None:
+    checkpoint["datamodule_hyper_parameters"]["batch_size"] = 4_000_000_000  # the whole folder in one batch
+
+
+@pytest.mark.parametrize(
+    "plant, refused",
+    [
+        (nan_scores, "state holds a score that is NaN or not one number"),
+        (huge_batches, r"datamodule_hyper_parameters.batch_size is 4000000000, a batch of over 1,073,741,824 input"),
+    ],
+)
+def test_a_resume_refuses_training_state_that_would_keep_no_new_best(trained, tmp_path, plant, refused):
+    """A NaN best score: no later score beat it, and the resumed run saved no new best (`best` then took epoch 0's).
+    A batch size of billions: every command of the checkpoint made the whole split one batch, memory unbounded."""
+    last = planted(trained, tmp_path, plant)
+    with pytest.raises(CheckpointError, match=refused):
+        cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(last), "--trainer.max_epochs", "2"])
+
+
+def test_early_stoppings_patience_is_the_commands_not_the_checkpoints(trained, tmp_path):
+    """Lightning restored EarlyStopping's patience from the file: a stranger's 0 stopped the run at once."""
+    key = "EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}"
+    state = {"wait_count": 0, "stopped_epoch": 0, "best_score": torch.tensor(0.0), "patience": 0}
+    last = planted(trained, tmp_path, lambda checkpoint: checkpoint["callbacks"].update({key: state}))
+    stopping = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/loss"]
+    stopping += ["--trainer.callbacks.patience", "100", "--trainer.limit_train_batches", "2"]
+    resumed = cli(
+        ["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(last), "--trainer.max_epochs", "3", *stopping]
+    )
+    assert resumed.trainer.current_epoch == 3  # not stopped after its first epoch
 
 
 def test_a_datamodules_classes_are_held_to_the_bounds_of_class_names(trained, tmp_path):

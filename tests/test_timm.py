@@ -4,6 +4,7 @@ weights' preprocessing, layer-wise LR decay, and every command on it."""
 import copy
 import functools
 import json
+import os
 import shutil
 import sys
 from hashlib import sha256
@@ -196,6 +197,15 @@ def test_a_hub_cache_blob_that_is_not_what_its_name_says_is_refused(hf_cache, cl
     with pytest.raises(SystemExit):
         main(["fit", *CONFIGS, "--data.root", str(clone)])
     assert f"its contents do not match the SHA-256 its blob is named by ({blob.name[:12]}" in capsys.readouterr().err
+
+
+def test_a_hub_cache_ref_that_is_no_commit_name_is_refused_unread(hf_cache, clone, tmp_path, capsys):
+    """huggingface_hub reads refs/main whole: a file of holes there (0 bytes on disk) took gigabytes of memory."""
+    (ref,) = (tmp_path / "hf").glob("*/refs/main")
+    os.truncate(ref, 1 << 30)
+    with pytest.raises(SystemExit):
+        main(["fit", *CONFIGS, "--data.root", str(clone)])
+    assert f"refusing {ref}: a Hugging Face ref names a commit in 40 characters" in capsys.readouterr().err
 
 
 def test_grey_images_take_the_weights_statistics_averaged_over_the_colours(hf_cache, clone):

@@ -5,9 +5,21 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.optim import Optimizer
 
+from template.checkpoints import DamagedCheckpointError
 from template.compat import batches_done_in_epoch
 from template.module import parameter_groups
 from template.nets.pretrained import backbone_of
+
+
+def settable(key: str, value: object, defaults: dict) -> bool:
+    """Whether a saved group's ``key`` may hold ``value`` in this run: its rates (the schedule's, checked on resume),
+    no weight decay (norms, biases), or the optimizer's own setting."""
+    return (
+        key not in defaults
+        or key in ("lr", "initial_lr")
+        or value == defaults[key]
+        or (key, value) == ("weight_decay", 0.0)
+    )
 
 
 class FreezeBackbone(BaseFinetuning):
@@ -31,6 +43,23 @@ class FreezeBackbone(BaseFinetuning):
         self.fixed = [parameter for parameter in pl_module.net.parameters() if not parameter.requires_grad]
         if self.unfreeze_at_epoch > 0:
             self.freeze(backbone_of(pl_module.net), train_bn=self.train_bn)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A resume's optimizer groups, which Lightning takes from this callback's state, must hold this run's
+        parameters and settings: a file's others (maximize, betas) trained otherwise, past the resume's checks."""
+        names, optimizers = dict(pl_module.named_parameters()), trainer.optimizers
+        for index, groups in self.state_dict()["internal_optimizer_metadata"].items():
+            defaults = optimizers[index].defaults if isinstance(index, int) and 0 <= index < len(optimizers) else {}
+            other = [] if defaults else [f"optimizer {index!r}"]
+            for group in groups if defaults else ():
+                other += [f"{key}={value!r}" for key, value in group.items() if not settable(key, value, defaults)]
+                other += [f"params {name!r}" for name in group.get("params", []) if name not in names]
+            if other:
+                raise DamagedCheckpointError(
+                    f"refusing {trainer.ckpt_path}: its FreezeBackbone state holds optimizer groups of "
+                    f"{', '.join(other[:3])}, which this run's optimizer has not: damaged or made up"
+                )
+        super().on_fit_start(trainer, pl_module)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if batches_done_in_epoch(trainer):  # resumed within an epoch, which Lightning does not start again

@@ -12,7 +12,11 @@ class NonFiniteError(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
 
 
-def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str) -> None:
+# In 16-true, optimizer states and settings are float16 too: Adam's eps of 1e-8 is 0 there, and a step divides by it.
+HALF = " In 16-true precision, Adam's default eps (1e-8) is 0 in float16: use 16-mixed or bf16, or eps 1e-4 or more."
+
+
+def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str, hint: str = "") -> None:
     """Raise NonFiniteError naming the step (global step, epoch, batch index; None: another rank's)."""
     what, place = "loss or gradient norm", "on another rank"
     if where is not None:
@@ -23,6 +27,7 @@ def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how:
     raise NonFiniteError(
         f"non-finite {what} {place}; {how}, so the checkpoints written before it are good. Lower the learning "
         "rate, clip gradients, check the inputs for NaN (template doctor), or set nonfinite.skip: true to skip them."
+        + hint
     )
 
 
@@ -83,7 +88,14 @@ class NonFiniteGuard(Callback):
         if trainer.strategy.reduce_boolean_decision(finite, all=True):
             return
         if not self.skip:
-            stop(where, loss.float().mean().item(), grad_norm.item(), "training stopped before it touched the weights")
+            hint = HALF if trainer.precision == "16-true" else ""
+            stop(
+                where,
+                loss.float().mean().item(),
+                grad_norm.item(),
+                "training stopped before it touched the weights",
+                hint,
+            )
         self.skipped += 1
         optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are not updated
         with torch.no_grad():

@@ -60,6 +60,12 @@ def weights_location(config: Any) -> Path:
     if config.hf_hub_id:  # the environment as it is now (huggingface_hub reads it once, when imported)
         home = os.environ.get("HF_HOME")
         cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(home, "hub") if home else constants.HF_HUB_CACHE)
+        # huggingface_hub reads the revision's ref whole: a file of holes there would take gigabytes of memory.
+        ref = Path(cache, f"models--{config.hf_hub_id.replace('/', '--')}", "refs", "main")
+        if ref.exists() and (not ref.is_file() or ref.stat().st_size > 256):
+            raise ValueError(
+                f"refusing {ref}: a Hugging Face ref names a commit in 40 characters, not a file like this"
+            )
         for filename in (config.hf_hub_filename, "model.safetensors", "pytorch_model.bin"):
             found = filename and try_to_load_from_cache(config.hf_hub_id, filename, cache_dir=cache)
             if isinstance(found, str):

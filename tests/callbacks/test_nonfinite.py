@@ -43,6 +43,14 @@ def test_a_nan_stops_training_naming_the_step_and_the_last_checkpoint_stays_good
     assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
 
 
+def test_a_nan_in_16_true_precision_names_adams_eps_that_float16_rounds_to_0(run_cli):
+    """Lowering the learning rate, the advice given, changed nothing: Adam's eps of 1e-8 is 0 in float16."""
+    with pytest.raises(NonFiniteError, match=r"In 16-true precision, Adam's default eps \(1e-8\) is 0 in float16"):
+        run_cli(
+            "fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4", "--trainer.precision", "16-true"
+        )
+
+
 def test_skip_mode_skips_the_step_counts_it_and_training_goes_on(run_cli):
     run = run_cli("fit", "--data", "test_nonfinite.NaNDigits", "--trainer.max_epochs", "3", "--nonfinite.skip", "true")
     run_dir = Path(run.trainer.log_dir)

@@ -308,6 +308,44 @@ def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_ever
     assert len(resumed.trainer.lr_scheduler_configs[0].scheduler.base_lrs) == 4
 
 
+def test_a_schedule_period_of_zero_in_a_checkpoint_is_refused_before_training(run_cli):
+    """CosineAnnealingWarmRestarts' T_i of 0 trained an epoch, then failed on a modulo by zero, the epoch lost."""
+    restarts = ["--model.lr_scheduler", "torch.optim.lr_scheduler.CosineAnnealingWarmRestarts"]
+    restarts += [
+        "--model.lr_scheduler.T_0",
+        "2",
+        "--trainer.limit_train_batches",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+    ]
+    run_cli("fit", "--trainer.max_epochs", "1", *restarts)
+    last = next(run_cli.runs_dir.rglob("last.ckpt"))
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    checkpoint["lr_schedulers"][0]["T_i"] = 0
+    torch.save(checkpoint, last)
+    with pytest.raises(CheckpointError, match=r"its lr_schedulers\[0\].T_i is 0, where a schedule's length is at le"):
+        run_cli("fit", "--trainer.max_epochs", "3", *restarts, "--ckpt_path", "last")
+
+
+def test_a_fine_tunes_optimizer_groups_planted_in_its_state_are_refused(run_cli):
+    """Lightning sets a resume's optimizer groups from FreezeBackbone's state: with the optimizer state planted alike
+    (maximize: gradient ascent), it passed the resume's checks, and the run trained the wrong way, unsaid."""
+    short = ["--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"]
+    short += ["--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    run_cli("fit", "--trainer.max_epochs", "2", *short)
+    last = next(run_cli.runs_dir.rglob("last.ckpt"))
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    planted = checkpoint["callbacks"]["FreezeBackbone"]["internal_optimizer_metadata"][0]
+    for group in [*planted, *checkpoint["optimizer_states"][0]["param_groups"]]:
+        group["maximize"] = True
+    torch.save(checkpoint, last)
+    with pytest.raises(CheckpointError, match=r"its FreezeBackbone state holds optimizer groups of maximize=True, "):
+        run_cli("fit", "--trainer.max_epochs", "3", *short, "--ckpt_path", "last")
+
+
 @pytest.mark.slow
 def test_a_fine_tune_preempted_within_an_unfrozen_epoch_trains_its_backbone_as_a_straight_run(tmp_path):
     """Lightning starts no epoch on a resume within one (no on_train_epoch_start), where FreezeBackbone unfroze the

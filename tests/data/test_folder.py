@@ -227,7 +227,7 @@ def test_unreadable_files_stop_setup_naming_every_one(image_folder, tmp_path, ca
     with pytest.raises(ValueError) as error:
         module(image_folder, tmp_path, cache=cache).setup("fit")
     if cache:  # the images it holds, not the files it was given: "cached 39" read as if all were fine
-        assert "cached 36 images of train (3 unreadable files left out)" in capsys.readouterr().out
+        assert "cached 36 images of train (3 unreadable files not in it)" in capsys.readouterr().out
     message = str(error.value)
     assert message.startswith("3 unreadable file(s)")
     assert all(str(path) in message for path in bad) and "skip_invalid" in message
