@@ -11,15 +11,13 @@ from template.module import parameter_groups
 from template.nets.pretrained import backbone_of
 
 
-def settable(key: str, value: object, defaults: dict) -> bool:
+def settable(key: str, value: object, defaults: dict, group: dict) -> bool:
     """Whether a saved group's ``key`` may hold ``value`` in this run: its rates (the schedule's, checked on resume),
-    no weight decay (norms, biases), or the optimizer's own setting."""
-    return (
-        key not in defaults
-        or key in ("lr", "initial_lr")
-        or value == defaults[key]
-        or (key, value) == ("weight_decay", 0.0)
-    )
+    no weight decay (norms, biases), a momentum a schedule cycles (OneCycleLR's, CyclicLR's), or the optimizer's own
+    setting."""
+    if key not in defaults or key in ("lr", "initial_lr") or value == defaults[key]:
+        return True
+    return (key, value) == ("weight_decay", 0.0) or key in ("momentum", "betas") and "max_momentum" in group
 
 
 class FreezeBackbone(BaseFinetuning):
@@ -52,7 +50,9 @@ class FreezeBackbone(BaseFinetuning):
             defaults = optimizers[index].defaults if isinstance(index, int) and 0 <= index < len(optimizers) else {}
             other = [] if defaults else [f"optimizer {index!r}"]
             for group in groups if defaults else ():
-                other += [f"{key}={value!r}" for key, value in group.items() if not settable(key, value, defaults)]
+                other += [
+                    f"{key}={value!r}" for key, value in group.items() if not settable(key, value, defaults, group)
+                ]
                 other += [f"params {name!r}" for name in group.get("params", []) if name not in names]
             if other:
                 raise DamagedCheckpointError(
@@ -78,7 +78,8 @@ class FreezeBackbone(BaseFinetuning):
         ratio, head, before = self.backbone_lr_ratio, optimizer.param_groups[0], len(optimizer.param_groups)
         rates = {"lr": head["lr"] * ratio, "initial_lr": head.get("initial_lr", head["lr"]) * ratio}
         # What a schedule keeps in each group (OneCycleLR's max_lr...), and in lists of one per group (base_lrs,
-        # LambdaLR's lr_lambdas): the head's, rates at the backbone's ratio; else torch's strict zips fail.
+        # LambdaLR's lr_lambdas; not OneCycleLR's phases, dicts): the head's, rates at the backbone's ratio; else
+        # torch's strict zips fail.
         kept = {
             k: v * ratio if k.endswith("lr") else v for k, v in head.items() if k not in (*optimizer.defaults, "params")
         }
@@ -86,7 +87,7 @@ class FreezeBackbone(BaseFinetuning):
             optimizer.add_param_group({**kept, **group, "name": f"backbone_{group['name']}", **rates})
         for config in pl_module.trainer.lr_scheduler_configs:
             for name, values in vars(config.scheduler).items():
-                if isinstance(values, list) and len(values) == before:
+                if isinstance(values, list) and len(values) == before and not any(isinstance(v, dict) for v in values):
                     added = optimizer.param_groups[before:]
                     scaled = values[0] * ratio if name.endswith(("lrs", "_lr")) else values[0]
                     values += [g["initial_lr"] for g in added] if name == "base_lrs" else [scaled] * len(added)

@@ -308,6 +308,15 @@ def test_a_fine_tune_resumed_after_its_backbone_was_unfrozen_continues_with_ever
     assert len(resumed.trainer.lr_scheduler_configs[0].scheduler.base_lrs) == 4
 
 
+def test_a_fine_tune_under_a_schedule_that_cycles_momentum_resumes(run_cli):
+    """OneCycleLR moves Adam's betas in every group: a saved FreezeBackbone group's are not the optimizer's own."""
+    cycled = ["--model.lr_scheduler", "torch.optim.lr_scheduler.OneCycleLR", "--model.lr_scheduler.max_lr", "0.01"]
+    cycled += ["--trainer.limit_train_batches", "10", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "2"]
+    cycled += ["--trainer.callbacks+=template.callbacks.FreezeBackbone"]
+    run_cli("fit", *cycled)
+    assert run_cli("fit", *cycled, "--ckpt_path", "last").trainer.current_epoch == 2  # its groups taken
+
+
 def test_a_schedule_period_of_zero_in_a_checkpoint_is_refused_before_training(run_cli):
     """CosineAnnealingWarmRestarts' T_i of 0 trained an epoch, then failed on a modulo by zero, the epoch lost."""
     restarts = ["--model.lr_scheduler", "torch.optim.lr_scheduler.CosineAnnealingWarmRestarts"]
