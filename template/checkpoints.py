@@ -77,7 +77,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         checkpoint = super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         if "://" not in str(path):
             verify_digest(checkpoint, str(path))
-            drop_foreign_paths(checkpoint, path)
+            check_checkpoint_states(checkpoint, path)
         return checkpoint
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
@@ -652,9 +652,10 @@ def restoring(source: Any, what: str = "its state") -> Iterator[None]:
         ) from error
 
 
-def drop_foreign_paths(checkpoint: dict, checkpoint_path: str | Path) -> None:
-    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files beside it in a run's checkpoints/:
-    Lightning deletes the files they name once better ones replace them, checking only text (``..``, links pass)."""
+def check_checkpoint_states(checkpoint: dict, checkpoint_path: str | Path) -> None:
+    """Keep, in ``checkpoint``'s ModelCheckpoint states, only paths of .ckpt files beside it in a run's checkpoints/
+    (Lightning deletes the files they name once better ones replace them, checking only text: ``..``, links pass),
+    and refuse NaN scores."""
     directory = Path(checkpoint_path).resolve().parent
     in_a_run = directory.name == "checkpoints" and (directory.parent / "config.yaml").is_file()
 

@@ -106,7 +106,7 @@ class ClassificationCLI(LightningCLI):
             warnings.filterwarnings(
                 "ignore", message="The dirpath has changed from|Be aware that when using `ckpt_path`"
             )
-        options.settle_trainer(config.trainer, config.get("last_checkpoint"))
+        options.settle_trainer(config.trainer, config.get("last_checkpoint"), config.get("checkpoint"))
         resumed = self.restored.run_dir if self.restored and self.subcommand == "fit" else None
         if self.restored:
             check_restored_model(self.restored, config.model.as_dict(), resuming=self.subcommand == "fit")

@@ -332,10 +332,13 @@ def draw_seed(config: Namespace, restored: Any = None) -> None:
         config.seed_everything = random.SystemRandom().randrange(2**32)
 
 
-def settle_trainer(trainer: Namespace, last: Namespace | None = None) -> None:
+def settle_trainer(trainer: Namespace, last: Namespace | None = None, best: Namespace | None = None) -> None:
     """No progress bar callback when it is off, SyncBatchNorm only on CUDA, cuDNN autotuning unless deterministic;
     the ``last`` checkpoint saved at each epoch's end where validation may not end an epoch (else at each
-    validation's end: Lightning's choice, which left the steps after the last validation in no file)."""
+    validation's end: Lightning's choice, which left the steps after the last validation in no file); with
+    ``enable_checkpointing`` off, the recipe's two checkpoints (``best`` and ``last``) keep no file."""
+    if trainer.enable_checkpointing is False and last is not None and best is not None:  # (Lightning refuses them)
+        trainer.enable_checkpointing, last.save_top_k, best.save_top_k = True, 0, 0
     interval = trainer.val_check_interval
     validated = trainer.check_val_every_n_epoch == 1 and type(interval) is float and interval == 1.0
     if last is not None and last.get("save_on_train_epoch_end") is None and not validated:

@@ -83,13 +83,8 @@ NETWORK_INT, NETWORK_LIST, MAX_NETWORK_TENSORS = 1 << 16, 1 << 10, 10_000
 # YAML from elsewhere: no aliases (a "billion laughs" expands them), and caps on size and nesting.
 MAX_YAML_BYTES, MAX_YAML_DEPTH = 1 << 20, 32
 MAX_RUN_ENTRIES, MAX_RUN_DEPTH = 10_000, 16  # files and folders in a run directory a fit resumes into, and levels
-WRITTEN = {
-    "config.yaml",
-    "hparams.yaml",
-    "metrics.csv",
-    "env.json",
-    "trackers.json",
-}  # files a resume writes, checkpoints/'s too
+# The files a resume writes into its run directory, checkpoints/'s too.
+WRITTEN = {"config.yaml", "hparams.yaml", "metrics.csv", "env.json", "trackers.json"}
 WRITTEN |= {"checkpoints/last.ckpt", "checkpoints/preempted.ckpt"}
 KINDS = {"module": L.LightningModule, "data": L.LightningDataModule, "net": nn.Module,
          "optimizer": torch.optim.Optimizer,

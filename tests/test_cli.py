@@ -377,6 +377,17 @@ def test_ordinary_mistakes_end_in_one_message_and_leave_no_run_directory(tmp_pat
         main([*args, *quiet])
 
 
+def test_a_fit_with_checkpointing_off_trains_and_keeps_no_checkpoint(run_cli):
+    """``--trainer.enable_checkpointing false`` failed on the recipe's own ModelCheckpoints (Lightning refuses any
+    with it off); they now keep nothing, and the run's record says so."""
+    limits = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "2"]
+    fitted = run_cli("fit", "--trainer.enable_checkpointing", "false", *limits)
+    assert fitted.trainer.current_epoch == 2
+    assert not list(run_cli.runs_dir.rglob("*.ckpt"))
+    record = yaml.safe_load(next(run_cli.runs_dir.rglob("config.yaml")).read_text())
+    assert record["checkpoint"]["save_top_k"] == record["last_checkpoint"]["save_top_k"] == 0
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
 def test_a_true_precision_trains_on_inputs_of_its_dtype(run_cli, precision):
     """The batch is made float (normalised) after Lightning casts it: a network in bfloat16 or float64 was fed

@@ -24,7 +24,7 @@ from template.checkpoints import (
     CheckpointError,
     DamagedCheckpointError,
     UnsafeCheckpointError,
-    drop_foreign_paths,
+    check_checkpoint_states,
     find_checkpoint,
     load_checkpoint,
     read_checkpoint,
@@ -463,7 +463,7 @@ def test_a_best_checkpoint_deleted_since_is_said_to_be_gone_not_outside_the_run(
     gone = str(tmp_path / "checkpoints" / "best-epoch000.ckpt")
     checkpoint = {"callbacks": {"ModelCheckpoint{'monitor': 'val/acc'}": {"best_model_path": gone}}}
     with pytest.warns(UserWarning, match="do not resolve to a checkpoint in .* \\(gone, or elsewhere\\)"):
-        drop_foreign_paths(checkpoint, tmp_path / "checkpoints" / "last.ckpt")
+        check_checkpoint_states(checkpoint, tmp_path / "checkpoints" / "last.ckpt")
 
 
 LIGHTNING = {"pytorch-lightning_version": "2.6", "state_dict": {}}  # what every ModelCheckpoint file has

@@ -205,9 +205,8 @@ def load_or_build(
     # The record goes last: only an array with a record is ever trusted.
     write_record(record_path, {"shape": list(shape)}, images, invalid, files=[str(path) for path in files])
     size_mb = array_path.stat().st_size / 1e6
-    unreadable = (
-        f" ({len(invalid)} unreadable files not in it)" if invalid else ""
-    )  # named, refused or skipped, by the caller
+    # The unreadable files are named, refused or skipped, by the caller.
+    unreadable = f" ({len(invalid)} unreadable files not in it)" if invalid else ""
     print(
         f"cached {len(files) - len(invalid)} images of {name}{unreadable} in {array_path} ({size_mb:.1f} MB); "
         "later runs open it at once"
