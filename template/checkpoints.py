@@ -53,6 +53,7 @@ LENGTH_HELD = (
 LENGTHS = re.compile(r"^\[\d+\]/(T_i|T_0|T_max|T_mult|step_size|total_steps)$")  # of lr_schedulers[i]
 SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg", "sum"}
 SHAPED |= {"acc_delta", "ax", "prev", "step_size", "slow"}
+SQUARES = {"exp_avg_sq", "max_exp_avg_sq", "exp_inf", "square_avg", "sum", "acc_delta"}  # never below 0 (rooted)
 STEPS_COUNTED = ("optim_progress/optimizer/step/total/completed", "optim_step_progress/total/completed")
 CYCLED, RATE = {"momentum", "betas"}, re.compile(r"lrs?(\[\d+\])?$")
 
@@ -155,6 +156,13 @@ def not_torch_saved(path: Path) -> str | None:
 LAYOUT = {"pytorch-lightning_version": str, "epoch": int, "global_step": int}
 LAYOUT |= dict.fromkeys(("optimizer_states", "lr_schedulers"), list)
 LAYOUT |= dict.fromkeys(("state_dict", "hyper_parameters", "datamodule_hyper_parameters", "callbacks", "loops"), dict)
+LAYOUT |= dict.fromkeys(("current_model_state", "averaging_state"), dict)  # WeightAveraging's (EMA)
+
+
+def recipe_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a checkpoint of this template's module (its class names recorded), read memory-mapped."""
+    checkpoint = load_checkpoint(path, tensors=False) if not_torch_saved(Path(path)) is None else None
+    return isinstance(checkpoint, dict) and "class_names" in (checkpoint.get("hyper_parameters") or {})
 
 
 def read_checkpoint(path: str | Path, tensors: bool = True) -> dict[str, Any]:
@@ -193,9 +201,33 @@ def load_checkpoint(path: str | Path, tensors: bool = True) -> Any:
         raise DamagedCheckpointError(f"{path} is malformed: its state_dict holds more than named tensors")
     check_unwrapped(checkpoint["state_dict"], path)
     check_finite(checkpoint["state_dict"], path)
+    check_averaging(checkpoint, path)
     if tensors:
         verify_digest(checkpoint, str(path))
     return checkpoint
+
+
+def check_averaging(checkpoint: dict, path: str | Path) -> None:
+    """Refuse WeightAveraging's (EMA's) states but as it saves them: the trained weights (``current_model_state``) of
+    the average's (``state_dict``) tensors, and the AveragedModel's counters (``averaging_state``), each one number.
+    Lightning loads the average from both, the counters' entries last: a ``module.`` one would replace a weight."""
+    shapes = {key: value.shape for key, value in checkpoint["state_dict"].items()}
+    if (current := checkpoint.get("current_model_state")) is not None:
+        if not (named_tensors(current) and {key: value.shape for key, value in current.items()} == shapes):
+            raise DamagedCheckpointError(
+                f"refusing {path}: its current_model_state (weight averaging's trained weights) is not of the tensors "
+                "of its state_dict: damaged or made up"
+            )
+        check_finite({f"current_model_state.{key}": value for key, value in current.items()}, path)
+    if (counters := checkpoint.get("averaging_state")) is not None:
+        if not named_tensors(counters) or any(
+            key.startswith("module.") or v.numel() != 1 for key, v in counters.items()
+        ):
+            raise DamagedCheckpointError(
+                f"refusing {path}: its averaging_state holds more than weight averaging's counters (one number each, "
+                "none a module. weight, which would replace the average's): damaged or made up"
+            )
+        check_finite({f"averaging_state.{key}": value for key, value in counters.items()}, path)
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -356,9 +388,10 @@ def check_values(value: Any, source: str) -> None:
         )
 
 
-def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
-    """Start ``net`` from ``path``'s weights, but the classifier ``head``'s where absent or of another class count.
-    Other mismatches are another network's (resnet34's share resnet18's first 120 tensors): an error naming them."""
+def load_pretrained(net: nn.Module, path: str | Path, head: str) -> str | None:
+    """Start ``net`` from ``path``'s weights, but the classifier ``head``'s where absent or of another class count
+    (then said, and returned). Other mismatches are another network's (resnet34's share resnet18's first 120
+    tensors): an error naming them."""
     state_dict = read_weights(path, weights_limit(net))
     stripped, missing, unexpected, mismatched = match_keys(net, state_dict)
     expected = net.state_dict()
@@ -385,7 +418,9 @@ def load_pretrained(net: nn.Module, path: str | Path, head: str) -> None:
     print(f"weights_file {path}: {len(in_common) - len(mismatched)} of {len(net.state_dict())} tensors loaded")
     load_weights(net, state_dict, strict=False)  # matched again as above: never stripped twice
     if mismatched or missing:
-        print(f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
+        print(new := f"new classifier ({head}): {net.get_submodule(head)}, for this data's class count")
+        return new
+    return None
 
 
 def find_checkpoint(alias: str, runs_dir: str | Path, monitor: str | None = None, name: str | None = None) -> Path:
@@ -632,6 +667,8 @@ def state_problem(name: Any, item: Any, shape: tuple, steps: int) -> str | None:
         return f"{item!r:.40}, no tensor" if name in SHAPED and item is not None else None  # SGD's without momentum
     if tensor.is_floating_point() and not tensor.isfinite().all():
         return "not finite"
+    if name in SQUARES and tensor.is_floating_point() and (tensor < 0).any():
+        return "below 0, which its sums of squares never are (a step would take their square root: NaN)"
     return (
         f"of shape {tuple(tensor.shape)}, not its parameter's {shape}"
         if name in SHAPED and tensor.shape != shape
@@ -682,12 +719,31 @@ def check_checkpoint_states(checkpoint: dict, checkpoint_path: str | Path) -> No
         if isinstance(best_k, dict):
             dropped += [f"best_k_models[{path!r}]" for path in best_k if not inside(path)]
             state["best_k_models"] = {path: score for path, score in best_k.items() if inside(path)}
+            check_kept_scores(state, name, checkpoint_path)
         # Only where it is news: a checkpoint copied out of its run (a download) is expected to point elsewhere.
         if dropped and in_a_run:
             rank_zero_warn(
                 f"{checkpoint_path}: ignoring path(s) in its {name.split('{')[0]} state that do not resolve to a "
                 f"checkpoint in {directory} (gone, or elsewhere): {', '.join(dropped)} (resuming, Lightning would "
                 "replace and delete the files they name)"
+            )
+
+
+def check_kept_scores(state: dict, name: str, checkpoint_path: str | Path) -> None:
+    """Refuse a ModelCheckpoint state whose scores of its kept files are not those the files record of themselves (a
+    resumed best of 0.99 that scored 0.20: no better epoch saved, the summary's best a made-up one)."""
+    kept, sign = state["best_k_models"], -1.0 if "'mode': 'min'" in name else 1.0
+    claims = [(path, score) for path, score in kept.items()]
+    if (best := state.get("best_model_path")) in kept:
+        claims.append((best, state.get("best_model_score")))
+    for path, score in claims:
+        if not isinstance(score, torch.Tensor | float | int):
+            continue
+        own = monitored_score(Path(path))  # (its monitor, its score, higher better), or None: records none
+        if own is not None and own[0] == state.get("monitor") and abs(own[1] * sign - float(score)) > 1e-6:
+            raise DamagedCheckpointError(
+                f"refusing {checkpoint_path}: its {name.split('{')[0]} state scores {Path(path).name} {float(score):.4g}"
+                f", which that file records as {own[1] * sign:.4g}: damaged or made up"
             )
 
 

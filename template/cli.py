@@ -22,7 +22,7 @@ from template.compat import name_restore_errors, number_past_every_version
 from template.data import ImageDataModule
 from template.data.base import instantiate_data
 from template.module import ClassificationModule
-from template.nets.pretrained import head_name, pretrained
+from template.nets.pretrained import check_trained_head, head_name, pretrained
 from template.nets.shape import check_fits, check_given, network_arguments
 from template.options import DEFAULT_CONFIG, EXTRA_COMMANDS, TRACEBACK_VARIABLE, wants_traceback
 from template.plugins import SyncBatchNorm
@@ -66,6 +66,7 @@ class ClassificationCLI(LightningCLI):
         printing = [token for token in args if token.split("=")[0] == "--print_config"]  # at the end: what runs
         args = [token for token in args if token not in printing]
         ckpt_given = options.names_checkpoint(args)
+        options.warn_overridden(args)
         # --data options may be for the checkpoint's DataModule, not yet known: left out until it is.
         super().parse_arguments(parser, options.without_data_options(args) if ckpt_given else args)
         subcommand = self.config.get("subcommand")
@@ -119,14 +120,10 @@ class ClassificationCLI(LightningCLI):
         data_config, net = config.data, config.model.init_args.net
         init_args, data_args = net.get("init_args") or Namespace(), data_config.get("init_args") or Namespace()
         # A checkpoint holds its trained weights, its head included: no other file is read.
+        evaluating = self.subcommand if self.subcommand in options.EVALUATING and self.restored is None else None
         weights_file = pretrained(
-            net.class_path, init_args, data_args, config.get("weights_file"), self.restored is None
+            net.class_path, init_args, data_args, config.get("weights_file"), self.restored is None, evaluating
         )
-        if self.subcommand in options.EVALUATING and not (self.restored or weights_file or init_args.get("pretrained")):
-            raise ValueError(
-                f"{self.subcommand} with no --ckpt_path would score a network of random weights: give --ckpt_path "
-                "best (the latest run's best; or last, or a .ckpt file), or the weights as --weights_file FILE"
-            )
         data = instantiate_data(data_config)
         if self.restored is None:  # a checkpoint's sizes are held to the data by fit_data, which names the file
             linked = {key: getattr(data, key) for key in ("num_classes", "class_names", "input_shape")}
@@ -143,9 +140,10 @@ class ClassificationCLI(LightningCLI):
                 super().instantiate_classes()
         finally:
             config.data = data_config  # the configuration stays one of values (config.yaml)
-        if weights_file:
-            load_pretrained(self.model.net, weights_file, head_name(self.model.net))
+        new_head = load_pretrained(self.model.net, weights_file, head_name(self.model.net)) if weights_file else None
         check_fits(self.model.net, data.input_shape, data.num_classes)
+        if evaluating:
+            check_trained_head(self.model.net, new_head, evaluating)
 
     def after_instantiate_classes(self) -> None:
         """The checkpoint for the Trainer to restore, and the data held to what it was trained on."""

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch import nn
 
-from template.checkpoints import check_resume, restoring
+from template.checkpoints import CheckpointError, check_resume, restoring
 
 
 def logged_params(params: Any) -> dict[str, Any]:
@@ -58,11 +58,24 @@ class _NamingRestore(_CheckpointConnector):
 
     def restore_callbacks(self) -> None:
         """EarlyStopping's patience is the command's option: Lightning took the file's (a stranger's 0 stopped a run
-        at its first epoch without a better score)."""
+        at its first epoch without a better score). A resume has every callback whose state the checkpoint holds."""
+        saved = (self._loaded_checkpoint or {}).get("callbacks") or {}
         for callback in self.trainer.callbacks:
-            state = ((self._loaded_checkpoint or {}).get("callbacks") or {}).get(callback.state_key)
+            state = saved.get(callback.state_key)
             if isinstance(callback, EarlyStopping) and isinstance(state, dict) and "patience" in state:
                 state["patience"] = callback.patience
+        # A resume without a callback that trained the run (weight averaging, FreezeBackbone) is another run: Lightning
+        # warned, and went on from EMA's average as the weights, unfrozen, its config.yaml recording neither.
+        kinds = {key.split("{")[0] for key in saved if isinstance(key, str)}  # ModelCheckpoint{...}: of its settings
+        kinds -= {"EarlyStopping", "Timer"}  # which stop a run, never change its weights: a resume may go on without
+        if self.trainer.state.fn == "fit" and (
+            lacking := kinds - {c.state_key.split("{")[0] for c in self.trainer.callbacks}
+        ):
+            raise CheckpointError(
+                f"refusing {self._ckpt_path} to resume: it was trained with callback(s) {', '.join(sorted(lacking))}, "
+                "whose state it holds, and this fit has none: give them again as the run was given them "
+                "(--trainer.callbacks+=..., or its --config files), or start a new run from its weights (--weights_file)"
+            )
         super().restore_callbacks()
 
     rolling_back = False

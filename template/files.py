@@ -2,8 +2,9 @@
 elsewhere read only as what they say they are: regular files, never more than a reader asked for."""
 
 import os
+import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -116,3 +117,18 @@ def read_at_most(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise ValueError(f"larger than {limit:,} bytes")
     return data
+
+
+def schema_of(database: sqlite3.Connection) -> list[tuple]:
+    """A SQLite database's schema entries (kind, name, table, SQL), whitespace aside: SQLAlchemy versions lay out the
+    same DDL differently."""
+    rows = database.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")
+    return [(kind, name, table, sql and " ".join(sql.split())) for kind, name, table, sql in rows]
+
+
+def foreign_sql(entries: Iterable[tuple], known: Collection[tuple]) -> str | None:
+    """The first of a database's schema ``entries`` (``schema_of``'s) that is not ``known``, described; None: none."""
+    if unknown := sorted(entry for entry in entries if entry not in known):
+        kind, name, _, sql = unknown[0]
+        return f"{kind} {name!r} ({sql!s:.80})"
+    return None

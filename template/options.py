@@ -142,6 +142,35 @@ def given_configs(args: list[str], skip: Path | None = None) -> list[dict]:
     return configs
 
 
+def warn_overridden(args: list[str]) -> None:
+    """Warn of an option given before a --config that sets it again: read in order, the file's value is the one that
+    runs (``--trainer.max_epochs 1 --config big.yaml`` trains for big.yaml's epochs)."""
+    given, overridden = [], []
+    for index, token in enumerate(args):
+        name = token.split("=")[0]
+        if name == "--config":
+            configs = given_configs([token] if "=" in token else args[index : index + 2])
+            overridden += [option for option in given if any(sets(each, option[2:].split(".")) for each in configs)]
+        elif name.startswith("--") and not name.endswith("+"):
+            given.append(name)
+    if overridden:
+        rank_zero_warn(
+            f"{', '.join(dict.fromkeys(overridden))} given before a --config that sets it again: the file's value runs "
+            "(options are read in order: give --config files first)"
+        )
+
+
+def sets(config: Any, keys: list[str]) -> bool:
+    """Whether ``config`` (a --config's YAML) sets the option of ``keys``, through ``init_args`` or not."""
+    for key in keys:
+        if not isinstance(config, dict):
+            return False
+        config = config[key] if key in config else (config.get("init_args") or {}).get(key, sets)
+        if config is sets:
+            return False
+    return True
+
+
 def without_data_options(argv: list[str]) -> list[str]:
     kept, tokens = [], iter(argv)
     for token in tokens:

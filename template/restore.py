@@ -155,8 +155,8 @@ def lookup(name: Any, kind: str, key: str, source: str, own: set[str]) -> Any:
         obj = pkgutil.resolve_name(name)
         found = registry().get(name) or (kind if not isinstance(obj, type) or issubclass(obj, KINDS[kind]) else "", obj)
     if found is None:
-        refuse(source, key, name, f"which is no registered {kind} (template.restore.register); if it is your own "
-               f"code, name it again: {OWN_OPTIONS[kind]} {name}")  # fmt: skip
+        refuse(source, key, name, f"which is no {kind} registered by the modules this command imports; if it is "
+               f"your own code, name it again: {OWN_OPTIONS[kind]} {name}")  # fmt: skip
     if found[0] != kind:
         refuse(source, key, name, f"a {found[0] or 'class of another kind'}, where a {kind} belongs")
     return found[1]

@@ -1,6 +1,5 @@
 """What a command says at its end: the run summary of a fit, how many images an evaluation scored."""
 
-import math
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -8,6 +7,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
 from template.callbacks import TrainingMonitor
+from template.callbacks.nonfinite import outputs_problem
 from template.restore import named_again, places_again
 from template.runs import loggers_of
 from template.text import shown, shown_command
@@ -23,13 +23,8 @@ def evaluated(cli, split: str) -> tuple[int, int]:
 
 
 def print_evaluated(cli, split: str) -> None:
-    loss = float(cli.trainer.callback_metrics.get(f"{split}/loss", 0.0))
-    if not math.isfinite(loss):  # the accuracy then counts NaN logits' argmax as answers: refused, not printed
-        raise ValueError(
-            f"{split}/loss is {loss}: the network's outputs are NaN or infinite for some images, so {split}/acc "
-            "scores no answer of its. Its weights give them (a BatchNorm running_var below 0, values past the "
-            "precision's range): check the checkpoint, or evaluate in 32-bit (--trainer.precision 32-true)"
-        )
+    if problem := outputs_problem(f"{split}/loss", float(cli.trainer.callback_metrics.get(f"{split}/loss", 0.0))):
+        raise ValueError(problem)  # refused, not printed
     count, size = evaluated(cli, split)
     if cli.trainer.is_global_zero and count and f"{split}/acc" in cli.trainer.callback_metrics:
         part = "the whole split" if count >= size else f"of {size}: limited by this command's options"
@@ -56,13 +51,18 @@ def print_summary(cli, run_dir: Path) -> None:
         lines += [
             f"best checkpoint  {shown(best.best_model_path)}",
             f"best {shown(f'{best.monitor:<11}')} {float(best.best_model_score):.4f}" + part,
-            *([f"last checkpoint  {shown(last.best_model_path)}"] if last is not None else []),
+            *([f"last checkpoint  {shown(last.best_model_path)}"] if last is not None and last.best_model_path else []),
         ]
+        config = cli.config.get(str(cli.subcommand), cli.config).as_dict()
+        again = [*named_again(config), *places_again(config)]  # your own classes, where the data is: named again
+        monitor = next((c for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), None)
+        if last is not None and last.best_model_path and monitor and (step := monitor.validated_step) is not None:
+            if (steps := cli.trainer.global_step - step) > 0:  # max_steps within an epoch, check_val_every_n_epoch
+                validate = shown_command([PROGRAM, "validate", "--ckpt_path", last.best_model_path, *again])
+                lines.append(f"not validated:   its last {steps} steps, after global step {step}: {validate}")
         # Only where `test` has images to read, and not in a sweep's trial or cv's fold: test the one chosen, once.
         if getattr(cli.datamodule, "has_test", True) and cli.run_name is None:
-            config = cli.config.get(str(cli.subcommand), cli.config).as_dict()
-            # Your own classes, and where the data is (a command says it, never the file), named again.
-            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *named_again(config), *places_again(config)]
+            test = [PROGRAM, "test", "--ckpt_path", best.best_model_path, *again]
             lines.append(f"test it, once:   {shown_command(test)}")
     rows = next((c.rows for c in cli.trainer.callbacks if isinstance(c, TrainingMonitor)), [])
     if lrs := [(row["epoch"], row["lr"]) for row in rows if "lr" in row]:

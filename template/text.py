@@ -26,6 +26,15 @@ def printable(text: str) -> str:
     return "\n".join(shown(line, markup=False) for line in text.split("\n"))
 
 
+def is_text(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text: not a name of another encoding that Python read as escapes (``\\udce9``)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def has_controls(text: str) -> bool:
     """Whether ``text`` holds a control character, a line break or a bidirectional override: what rewrites a terminal
     or a line, never a letter, space or joiner of any script (``str.isprintable`` refuses those too)."""

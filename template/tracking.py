@@ -2,13 +2,17 @@
 write, and the run each logs into. A run directory records its trackers' run ids (``trackers.json``); a resumed
 fit logs on into them, a rerun or an evaluation starts new ones, as it starts a new run directory."""
 
+import contextlib
 import inspect
+import io
 import json
 import os
 import pkgutil
 import re
 import secrets
 import shlex
+import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from template.checkpoints import DamagedCheckpointError
 from template.compat import logged_params
-from template.files import read_at_most, write_atomic
+from template.files import foreign_sql, read_at_most, schema_of, write_atomic
 from template.text import printable
 
 TRACKER_RUNS = "trackers.json"
@@ -78,6 +82,8 @@ def resolve_trackers(trackers: list, runs_dir: str, name: str | None) -> list:
             )
         elif issubclass(cls, WandbLogger) and not init_args.get("save_dir") and not init_args.get("dir"):
             init_args.save_dir = str(runs)
+        if mlflow:
+            check_store(init_args.tracking_uri)
     unique = [without_run_ids(tracker) for tracker in trackers]
     return [tracker for index, tracker in enumerate(trackers) if unique[index] not in unique[:index]]
 
@@ -86,6 +92,35 @@ def without_run_ids(tracker: Any) -> Any:
     if not isinstance(tracker, Namespace) or tracker.get("init_args") is None:
         return tracker
     return tracker.class_path, {key: value for key, value in vars(tracker.init_args).items() if key not in RUN_IDS}
+
+
+def check_store(uri: str) -> None:
+    """Refuse a SQLite MLflow store that holds a trigger or view the installed MLflow does not make: its SQL would run
+    inside MLflow's reads and writes (a trigger may rewrite each val/acc logged). Tables and indexes may be an older
+    MLflow's, upgraded."""
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not uri.startswith("sqlite:///") or not path.is_file():
+        return
+    from mlflow import __version__
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    def runs_sql(database: sqlite3.Connection) -> set[tuple]:
+        return {entry for entry in schema_of(database) if entry[0] in ("trigger", "view")}
+
+    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stderr(io.StringIO()):  # its migrations' log
+        SqlAlchemyStore(f"sqlite:///{folder}/reference.db", folder).engine.dispose()
+        with contextlib.closing(sqlite3.connect(Path(folder, "reference.db"))) as reference:
+            known = runs_sql(reference)
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
+            unknown = foreign_sql(runs_sql(database), known)
+    except sqlite3.DatabaseError as error:
+        raise ValueError(f"the MLflow store {path} is not a readable SQLite database ({error})") from None
+    if unknown:
+        raise ValueError(
+            f"refusing the MLflow store {path}: it holds {unknown}, which MLflow {__version__} does not make: its SQL "
+            "would run inside MLflow's writes. Use a store MLflow made, or another tracking_uri"
+        )
 
 
 def mlflow_uri(init_args: Namespace, runs: Path) -> str:

@@ -86,6 +86,17 @@ def test_an_evaluation_scores_trained_weights_or_is_refused_before_anything_is_w
     validated = run_cli("validate", "--weights_file", str(tmp_path / "weights.pt"), "--trainer.limit_val_batches", "1")
     assert torch.equal(validated.model.net.stem[0].weight, net.stem[0].weight)
     assert "val/acc" in validated.trainer.callback_metrics
+    # Weights with a classifier for another class count: it was replaced by a new one, scored as if trained.
+    torch.save(ResNetSmall(num_classes=3, in_channels=1).state_dict(), tmp_path / "three.pt")
+    with pytest.raises(ValueError, match=r"^test would score a new, untrained classifier \(new classifier \(head"):
+        run_cli("test", "--weights_file", str(tmp_path / "three.pt"))
+    # A checkpoint's weights alone: their classes' order, preprocessing and splits are the checkpoint's to give.
+    one = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", *one)
+    last = str(next(run_cli.runs_dir.rglob("last.ckpt")))
+    with pytest.raises(ValueError, match=f"^--weights_file {last} is a checkpoint of this template's: predict it as"):
+        run_cli("predict", "--weights_file", last)
+    assert run_cli("fit", "--weights_file", last, *one).trainer.current_epoch == 1  # a new run from its weights
 
 
 def test_seed_everything_true_draws_a_seed_and_records_it(tmp_path, monkeypatch):
@@ -196,6 +207,19 @@ def print_config(capsys, monkeypatch):
     return printed
 
 
+def test_an_option_before_a_config_that_sets_it_again_is_named(print_config, recwarn):
+    """Read in order, the file's value ran: ``--data.batch_size 16 --config configs/imagefolder.yaml`` trained with
+    its 32, unsaid."""
+    printed = print_config(
+        "--data.batch_size", "16", "--trainer.max_epochs", "1", "--config", "configs/imagefolder.yaml"
+    )
+    assert "batch_size: 32" in printed and "max_epochs: 1" in printed  # jsonargparse's order, as before
+    said = [str(w.message) for w in recwarn if "given before a --config" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("--data.batch_size given before a --config that sets it again")
+    print_config("--config", "configs/imagefolder.yaml", "--data.batch_size", "16")
+    assert not [w for w in recwarn if "given before a --config" in str(w.message)][1:]  # the right order: no more
+
+
 def test_a_config_of_class_names_that_read_as_numbers_is_read_back_as_written(print_config, tmp_path):
     """Folders named 1e3 or 1.5e3 were written bare into config.yaml, which jsonargparse reads back as floats: the
     run's config.yaml, and every evaluation's of its checkpoint, failed as --config (Expected a str, got 1000.0)."""
@@ -285,7 +309,7 @@ def test_a_checkpoint_whose_datamodule_cannot_be_imported_is_refused_naming_it(r
     assert exit_info.value.code == 1
     error = capsys.readouterr().err
     assert (
-        "datamodule_hyper_parameters._class_path is 'somewhere.gone.SomeDataModule', which is no registered data"
+        "datamodule_hyper_parameters._class_path is 'somewhere.gone.SomeDataModule', which is no data registered by the modules"
         in error
     )
     assert "name it again: --data somewhere.gone.SomeDataModule" in error

@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from template import commands as cli_module
+from template.checkpoints import CheckpointError
 from template.data import DigitsDataModule, ImageFolderDataModule
 from template.data.loaders import EvaluationSampler
 from template.module import ClassificationModule
@@ -275,6 +276,13 @@ def test_ema_weights_are_validated_checkpointed_and_kept_at_the_end(run_cli):
     assert not torch.equal(ema["net.head.weight"], raw["net.head.weight"])
     for name, value in run.model.state_dict().items():  # at the end, training leaves the EMA weights
         torch.testing.assert_close(value, ema[name], msg=name)
+    with pytest.raises(
+        CheckpointError, match=r"to resume: it was trained with callback\(s\) EMAWeightAveraging, whose"
+    ):
+        run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "3")  # from the average, EMA dropped, unsaid
+    ema = ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", "--trainer.callbacks.decay", "0.9"]
+    resumed = run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "3", *ema)  # its states pass the checks
+    assert resumed.trainer.current_epoch == 3
 
 
 @pytest.mark.slow

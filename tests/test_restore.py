@@ -582,6 +582,12 @@ def test_weights_that_give_nan_outputs_are_never_scored_nor_written_as_predictio
             main([command, *tiny_args(tmp_path / "runs"), "--ckpt_path", str(tmp_path / "negative_variance.ckpt")])
         assert says in capsys.readouterr().err
     assert not list((tmp_path / "runs").rglob("predictions.csv"))
+    # Nor by a fit's own validation, where its score chose the best checkpoint.
+    with pytest.raises(SystemExit, match="1"):
+        one = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.num_sanity_val_steps", "0"]
+        main(["fit", *tiny_args(tmp_path / "runs"), "--weights_file", str(tmp_path / "negative_variance.ckpt"), *one])
+    assert "at epoch 0, val/loss is nan: the network's outputs are NaN" in capsys.readouterr().err
+    assert not list((tmp_path / "runs").rglob("best*.ckpt"))
 
 
 @pytest.mark.slow
@@ -600,6 +606,22 @@ def test_a_checkpoint_outside_a_run_never_makes_fit_delete_its_neighbours(traine
     cli(["fit", *tiny_args(tmp_path / "runs"), "--ckpt_path", str(downloads / "evil.ckpt"),
          "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "3"])  # fmt: skip
     assert (downloads / "valuable.ckpt").read_text() == "someone's model"
+
+
+def test_a_resume_whose_best_scores_are_not_those_its_kept_files_record_is_refused(run_cli):
+    """A last.ckpt whose ModelCheckpoint state said its best scored 0.99 (the file itself: 0.2): the resume saved no
+    better epoch, and its summary named a best of 0.99."""
+    one = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    run_cli("fit", "--trainer.max_epochs", "1", *one)
+    last = run_cli.runs_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint["integrity"]  # a digest detects damage, not intent
+    state = next(state for name, state in checkpoint["callbacks"].items() if "val/acc" in name)
+    state["best_model_score"] = torch.tensor(0.99)
+    state["best_k_models"] = dict.fromkeys(state["best_k_models"], torch.tensor(0.99))
+    torch.save(checkpoint, last)
+    with pytest.raises(CheckpointError, match=r"its ModelCheckpoint state scores best-epoch000.ckpt 0.99, which that"):
+        run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "2", *one)
 
 
 def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():
@@ -870,12 +892,12 @@ def test_a_network_record_never_loads_weights_a_builder_would_load_by_default(tr
     name = "torchvision.models.segmentation.lraspp_mobilenet_v3_large"
     checkpoint["hyper_parameters"]["net"] = {"class_path": name, "init_args": {"num_classes": 10}}
     torch.save(checkpoint, tmp_path / "segmenter.ckpt")
-    with pytest.raises(UnsafeCheckpointError, match="no registered net"):
+    with pytest.raises(UnsafeCheckpointError, match="no net registered by the modules this command imports"):
         restore.restore(tmp_path / "segmenter.ckpt", ClassificationModule, None, fit=False)
     by_name = {"class_path": "torchvision.models.get_model", "init_args": {"name": "lraspp_mobilenet_v3_large"}}
     checkpoint["hyper_parameters"]["net"] = by_name  # torchvision's builder of any of its networks, by name
     torch.save(checkpoint, tmp_path / "segmenter.ckpt")
-    with pytest.raises(UnsafeCheckpointError, match="no registered net"):
+    with pytest.raises(UnsafeCheckpointError, match="no net registered by the modules this command imports"):
         restore.restore(tmp_path / "segmenter.ckpt", ClassificationModule, None, fit=False)
     assert not (tmp_path / "ran").exists()
 
@@ -937,6 +959,12 @@ def weights_as(checkpoint: dict, dtype: torch.dtype) -> None:
 
 
 # Damage to what Lightning restores: the entry point, what the one refusal names, the change.
+def averaged(checkpoint: dict, value: float, prefix: str = "module.") -> dict:
+    """``checkpoint``'s float weights filled with ``value``, keyed as weight averaging's AveragedModel keys them."""
+    weights = checkpoint["state_dict"].items()
+    return {f"{prefix}{key}": w.clone().fill_(value) if w.is_floating_point() else w for key, w in weights}
+
+
 STATE_ATTACKS = {
     "a schedule's counter of another type": (
         "fit",
@@ -1055,6 +1083,22 @@ STATE_ATTACKS = {
         "fit",
         "optimizer_states[0].state[0].exp_avg is not finite",
         lambda c: c["optimizer_states"][0]["state"][0]["exp_avg"].fill_(float("nan")),
+    ),
+    "a second moment below 0": (  # finite and of its shape: NaN at the first step, blamed on the learning rate
+        "fit",
+        "optimizer_states[0].state[0].exp_avg_sq is below 0",
+        lambda c: c["optimizer_states"][0]["state"][0]["exp_avg_sq"].fill_(-1.0),
+    ),
+    # Weight averaging's (EMA's) states: Lightning loads the average from the counters over the state_dict.
+    "weight averaging's counters holding weights": (
+        "fit",
+        "its averaging_state holds more than weight averaging's counters",
+        lambda c: c.update(current_model_state=dict(c["state_dict"]), averaging_state=averaged(c, float("nan"))),
+    ),
+    "weight averaging's trained weights NaN": (
+        "fit",
+        "its current_model_state.net.stem.0.weight holds NaN",
+        lambda c: c.update(current_model_state=averaged(c, float("nan"), "")),
     ),
     "an optimizer moment of another shape": (
         "fit",

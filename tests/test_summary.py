@@ -81,3 +81,16 @@ def test_the_test_command_says_again_where_your_own_data_module_reads(capsys):
     print_summary(cli, Path("runs/npz/version_0"))
     test = shlex.split(re.search(r"test it, once: +(.*)", capsys.readouterr().out).group(1))
     assert test[4:] == ["--data", "my_data.NpzDataModule", "--data.path", "shapes.npz"]
+
+
+def test_a_fit_that_ends_past_its_last_validation_says_so_and_how_to_validate_it(run_cli, capsys):
+    """max_steps within an epoch (or check_val_every_n_epoch): the best checkpoint and the summary's test command
+    were of the last validation's weights, the steps after it validated nowhere, unsaid."""
+    run_cli("fit", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--trainer.max_steps", "4")
+    out = capsys.readouterr().out
+    last = run_cli.runs_dir / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"not validated:   its last 1 steps, after global step 3: template validate --ckpt_path {last}\n" in out
+    run_cli(
+        "fit", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "2"
+    )
+    assert "not validated" not in capsys.readouterr().out  # validated at its end

@@ -77,6 +77,25 @@ def test_pretrained_weights_load_from_the_hf_cache_and_a_file_and_equal_them(hf_
     assert all(torch.equal(net.state_dict()[key], other[key]) for key in kept)
 
 
+def test_weights_with_a_classifier_for_the_data_keep_it_and_an_evaluation_scores_no_new_one(
+    hf_cache, clone, tmp_path, capsys
+):
+    """timm dropped the classifier of any file whose class count was not its weights' (1000): a fine-tuned state_dict
+    file was tested with a new, random classifier, exit 0. Nor is a new one (ImageNet weights, two classes) scored."""
+    tuned = timm.create_model(NAME, num_classes=2).state_dict()
+    save_file(tuned, tmp_path / "tuned.safetensors")
+    small = ["--data.root", str(clone), "--data.image_size", "32", "--data.num_workers", "0"]
+    net = built(clone, "--data.image_size", "32", "--weights_file", str(tmp_path / "tuned.safetensors")).model.net
+    assert torch.equal(net.classifier.weight, tuned["classifier.weight"])
+    main(["test", *CONFIGS, *small, "--weights_file", str(tmp_path / "tuned.safetensors")])
+    assert "test/acc" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["test", *CONFIGS, *small])  # the cache's weights, for 1000 classes
+    assert "test would score a new, untrained classifier (timm's weights hold a classifier for 1000 classes)" in (
+        capsys.readouterr().err
+    )
+
+
 def test_missing_weights_are_one_line_naming_the_model_tag_and_where_it_looked(clone, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))

@@ -104,6 +104,27 @@ def test_a_tracker_logs_to_mlflow_tracking_uri_when_set_else_beside_the_run_dire
     assert resolve_trackers([recorded, again], str(tmp_path / "runs"), "digits") == [recorded]
 
 
+def test_a_sqlite_mlflow_store_with_sql_mlflow_does_not_make_is_refused(tmp_path):
+    """A runs/mlflow.db from elsewhere whose trigger rewrote each val/acc logged to 0.999: the run's summary said
+    0.2, MLflow 0.999, unsaid. The triggers and views MLflow makes pass."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    (tmp_path / "runs").mkdir()
+    MlflowClient(uri).search_experiments()  # the store, made by MLflow
+    tracker = Namespace(class_path=MLFLOW, init_args=Namespace(tracking_uri=None, experiment_name=None))
+    resolve_trackers([tracker], str(tmp_path / "runs"), "digits")  # MLflow's own schema
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as database:
+        database.execute(
+            "CREATE TRIGGER fake AFTER INSERT ON metrics BEGIN UPDATE metrics SET value = 0.999 WHERE key = NEW.key; END"
+        )
+    tracker.init_args.tracking_uri = None
+    with pytest.raises(ValueError, match=r"refusing the MLflow store .*mlflow.db: it holds trigger 'fake' \(CREATE"):
+        resolve_trackers([tracker], str(tmp_path / "runs"), "digits")
+
+
 def test_a_resume_continues_the_tracker_runs_its_run_directory_recorded_and_nothing_else(tmp_path):
     run_dir = tmp_path / "runs" / "digits" / "version_0"
     run_dir.mkdir(parents=True)

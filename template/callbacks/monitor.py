@@ -55,6 +55,7 @@ class TrainingMonitor(Callback):
         self._epoch, self._lr = -1, float("nan")  # the epoch in progress and the learning rate it started with
         self._carried: dict | None = None  # a checkpoint's epoch in progress, which a resume within it goes on with
         self._pending: tuple[L.Trainer, dict, dict] | None = None  # the epoch's row, until its metrics are in
+        self.validated_step: int | None = None  # the global step of this process's last validation in a fit
 
     def state_dict(self) -> dict:  # a resumed run's metrics.csv keeps the epochs before it
         self._write_row()
@@ -178,6 +179,7 @@ class TrainingMonitor(Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or self._confusion is None:
             return
+        self.validated_step = trainer.global_step
         matrix = self._confusion.compute()  # synchronised across ranks by torchmetrics
         writer = self._tensorboard(trainer)
         if writer is None or not trainer.is_global_zero:

@@ -16,6 +16,19 @@ class NonFiniteError(RuntimeError):
 HALF = " In 16-true precision, Adam's default eps (1e-8) is 0 in float16: use 16-mixed or bf16, or eps 1e-4 or more."
 
 
+def outputs_problem(name: str, loss: float) -> str | None:
+    """What a non-finite evaluation loss ``name`` says of the network (None: it is finite): its accuracy then counts
+    NaN logits' argmax as answers."""
+    if math.isfinite(loss):
+        return None
+    split = name.split("/")[0]
+    return (
+        f"{name} is {loss}: the network's outputs are NaN or infinite for some images, so {split}/acc scores no "
+        "answer of its. Its weights give them (a BatchNorm running_var below 0, values past the precision's range): "
+        "check the checkpoint or weights file it started from, or evaluate in 32-bit (--trainer.precision 32-true)"
+    )
+
+
 def stop(where: tuple[int, int, int] | None, loss: float, grad_norm: float, how: str, hint: str = "") -> None:
     """Raise NonFiniteError naming the step (global step, epoch, batch index; None: another rank's)."""
     what, place = "loss or gradient norm", "on another rank"
@@ -121,3 +134,9 @@ class NonFiniteGuard(Callback):
 
     # Before anything reads or saves the weights.
     on_validation_start = on_train_epoch_end = on_save_checkpoint = on_train_end = check_pending
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit's validation of NaN outputs stops it before a checkpoint keeps its score (a test's is refused)."""
+        for name, value in trainer.callback_metrics.items():
+            if name.startswith("val") and "loss" in name and (problem := outputs_problem(name, float(value))):
+                raise NonFiniteError(f"at epoch {trainer.current_epoch}, {problem}")

@@ -15,9 +15,10 @@ from template.data.cache import CacheTooLarge, CacheUnavailable, load_or_build, 
 from template.data.loaders import FileDataset, TensorImageDataset
 from template.data.preprocessing import MAX_PIXELS, MAX_RESIZE_RATIO
 from template.files import walk
-from template.text import has_controls, shown
+from template.text import has_controls, is_text, shown
 
 MAX_LISTED = 20  # offending files named in an error; the count covers them all
+SPLIT_ALIASES = {"val", "valid", "validation", "validate", "dev", "eval", "evaluation", "test", "testing", "train"}
 DEFAULT_IMAGE_SIZE = 32  # image_size when none is given and no pretrained weights set one
 RESIZE_MARGIN = 8 / 7  # the default resize_size over image_size with random-resized crops: torchvision's 256 for 224
 DRAWN_BY = ("split_seed", "val_fraction", "test_fraction")  # the options that draw val and test from train/
@@ -33,6 +34,7 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
     except ValueError as error:
         raise ValueError(f"{error}: point at the images' own folder") from None
     paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    check_text_names(paths, folder)
     skipped = [f"{p} (dangling, or a loop)" for p in paths if p.is_symlink() and not p.exists()]
     if recursive:
         skipped += [f"{p} (a link to a folder: not followed)" for p in paths if p.is_symlink() and p.is_dir()]
@@ -44,6 +46,14 @@ def visible(folder: Path, recursive: bool = True) -> list[Path]:
             describe(outside, f"symlink(s) in {folder} to files outside it, followed: are they yours to use?")
         )
     return paths
+
+
+def check_text_names(paths: list[Path], where: object) -> None:
+    """Refuse names that are no UTF-8 text (another system's encoding, read as escapes): the cache's key, the run's
+    record and predictions.csv write them as text."""
+    if odd := [str(path) for path in paths if not is_text(str(path))]:
+        reason = f"name(s) in {where} that are not UTF-8 text (another system's encoding): rename them in UTF-8"
+        raise ValueError(describe(odd, reason))
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -217,6 +227,11 @@ class ImageFolderDataModule(ImageDataModule):
             problems.append(
                 f"class folder name(s) with a control character or line break: {', '.join(odd)}; rename them"
             )
+        # valid/, Test/ (Roboflow's, Kaggle's): unread, the split drawn from train/ in their place, unsaid.
+        listed = self.root.iterdir() if self.root.is_dir() else []
+        others = [path.name for path in listed if path.is_dir() and path.name not in ("val", "test")]
+        if odd := sorted(name for name in others if name != "train" and name.lower().rstrip("s") in SPLIT_ALIASES):
+            problems.append(f"split folder(s) {', '.join(odd)}: only train/, val/ and test/ are read; rename them")
         for split in [split for split in ("val", "test") if folders.get(split) == {}]:  # else: no val/acc, no test
             problems.append(
                 f"{self.root / split} has no class folders: expected {split}/<class>/<image files> as in train/, or "
@@ -309,6 +324,7 @@ class ImageFolderDataModule(ImageDataModule):
                 if not (found := list_files(path) if path.is_dir() else [path]):
                     raise ValueError(f"data.predict_path: {path} holds no files; point it at a folder of images")
                 files += found
+            check_text_names(files, "data.predict_path")
             return files, np.full(len(files), -1, dtype=np.int64)  # no labels: -1
         if self.root is None:
             raise FileNotFoundError(  # a split drawn from train/ asks for train's: the folder is the answer

@@ -14,15 +14,17 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from template.checkpoints import check_hub_file
+from template.checkpoints import check_hub_file, recipe_checkpoint
 from template.nets.timm_models import pretrained_config, timm_net
 
 
-def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str | None, wanted: bool) -> str | None:
+def pretrained(
+    class_path: str, net_args: Any, data_args: Any, weights_file: str | None, wanted: bool, evaluating: str | None
+) -> str | None:
     """The file the network starts from, if any, with the network and data arguments (jsonargparse Namespaces) set
     for it (``timm_net`` reads its own, ``weights_file`` as its ``pretrained_file``); the data takes the weights'
     normalisation, input size and evaluation resize unless given. ``wanted``: False when a checkpoint holds the
-    weights."""
+    weights; ``evaluating``: the command, where it scores the weights of no checkpoint (none would be random)."""
     timm = pkgutil.resolve_name(class_path) is timm_net
     weights = net_args.get("weights")
     weights = weights if not timm and isinstance(weights, Enum) and hasattr(weights, "url") else None
@@ -32,6 +34,17 @@ def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str
         raise FileNotFoundError(
             f"weights_file {weights_file}: no such file (in {Path(weights_file).resolve().parent}); give the path "
             "of a state_dict saved with torch.save or safetensors, or leave weights_file out"
+        )
+    if evaluating and not (weights_file or net_args.get("pretrained") or weights):
+        raise ValueError(
+            f"{evaluating} with no --ckpt_path would score a network of random weights: give --ckpt_path best (the "
+            "latest run's best; or last, or a .ckpt file), or the weights as --weights_file FILE"
+        )
+    if evaluating and weights_file and recipe_checkpoint(weights_file):
+        raise ValueError(
+            f"--weights_file {weights_file} is a checkpoint of this template's: {evaluating} it as --ckpt_path "
+            f"{weights_file}, which holds the data to the classes (in their order), preprocessing and splits it was "
+            "trained with; a weights file's are not known"
         )
     # The data as the weights were trained, whether they are read now or are in a checkpoint already.
     if timm and net_args.get("pretrained"):
@@ -61,6 +74,19 @@ def pretrained(class_path: str, net_args: Any, data_args: Any, weights_file: str
             "hub/checkpoints holds it; nothing is downloaded during a run"
         )
     return check_hub_file(path, weights.url)
+
+
+def check_trained_head(net: nn.Module, new_head: str | None, command: str) -> None:
+    """Refuse to score a classifier that no weights gave (``new_head``, or timm's for another class count than its
+    weights'): new, of the data's class count, it answers at random."""
+    config = getattr(net, "pretrained_cfg", None)  # a timm network's: what its weights were (template.nets.timm_net)
+    if not new_head and isinstance(config, dict) and config.get("num_classes") != getattr(net, "num_classes", None):
+        new_head = f"timm's weights hold a classifier for {config.get('num_classes')} classes"
+    if new_head:
+        raise ValueError(
+            f"{command} would score a new, untrained classifier ({new_head}): weights for this data's classes have "
+            "a classifier of their own, such as a fit's checkpoint (--ckpt_path) or its export"
+        )
 
 
 def hub_file(url: str) -> Path:

@@ -134,10 +134,14 @@ def timm_net(
             f"{path} is not the weights of timm {config.architecture}: {len(wrong)} of its tensors differ "
             f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}); give that network's weights"
         )
-    overlay = {"state_dict": state_dict, "source": None}
+    # A file whose classifier fits the data (weights fine-tuned on it) keeps it: timm drops one of another class count.
+    head = tuple(f"{prefix}." for prefix in as_tuple(config.classifier))
+    fits = not any(key.startswith(head) for key in missing + mismatched)
+    overlay = {"state_dict": state_dict, "source": None} | ({"num_classes": num_classes} if fits else {})
     net = create(timm, name, pretrained=True, pretrained_cfg_overlay=overlay, **settings)
     net.pretrained_cfg = {key: value for key, value in net.pretrained_cfg.items() if key != "state_dict"}
-    print(f"timm {name}: pretrained weights from {path} ({len(state_dict)} tensors)")
+    new = "" if fits else f"; a new classifier for {num_classes} classes"
+    print(f"timm {name}: pretrained weights from {path} ({len(state_dict)} tensors{new})")
     return net
 
 

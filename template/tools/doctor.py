@@ -137,7 +137,7 @@ def check_splits(datamodule: ImageDataModule) -> list[Check]:
     elif train.max() > 10 * train.min():
         most, least = names[int(train.argmax())], names[int(train.argmin())]
         status, detail = "warn", f"train has {int(train.max())} images of {most!r} and {int(train.min())} of {least!r}"
-        fix = "weight the loss or sample classes evenly; report per-class accuracy"
+        fix = "read each class's accuracy (val/confusion_matrix in TensorBoard); weigh the loss in a subclass of the module"
     else:
         status, detail, fix = "pass", f"per class in train {int(train.min())}-{int(train.max())}", ""
     checks.append(Check("data", "class balance", status, f"{sizes} images; {detail}", fix))

@@ -44,7 +44,7 @@ try:
     from optuna_integration import PyTorchLightningPruningCallback
 except ModuleNotFoundError as missing:  # an optional extra
     raise ModuleNotFoundError(f"{PROGRAM} sweep needs Optuna ({missing}): pip install -e '.[sweep]'") from None
-from template.files import walk, write_atomic
+from template.files import foreign_sql, schema_of, walk, write_atomic
 from template.runs import check_own_folders, is_tensorboard, loggers_of
 from template.tools import fits
 
@@ -173,12 +173,6 @@ def optuna_schema() -> frozenset[tuple]:
             return frozenset(schema_of(database))
 
 
-def schema_of(database: sqlite3.Connection) -> list[tuple]:
-    # Whitespace aside: SQLAlchemy versions lay out the same DDL differently.
-    rows = database.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")
-    return [(kind, name, table, sql and " ".join(sql.split())) for kind, name, table, sql in rows]
-
-
 def check_database(path: Path, storage_url: str) -> None:
     """Refuse a SQLite study file whose schema is not one Optuna makes (SQL of its author's, in a view, a trigger,
     an index's expression or a CHECK, runs inside Optuna's queries), whose JSON nests past Optuna's reader, or whose
@@ -189,7 +183,7 @@ def check_database(path: Path, storage_url: str) -> None:
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
             entries = schema_of(database)
-            unknown = [entry for entry in entries if entry not in known]
+            unknown = foreign_sql(entries, known)
             tables = [] if unknown else [name for kind, name, _, _ in entries if kind == "table"]
             deep = [
                 name
@@ -201,9 +195,8 @@ def check_database(path: Path, storage_url: str) -> None:
     except sqlite3.DatabaseError as error:
         raise ValueError(f"--storage {storage_url}: not a readable SQLite database ({error})") from None
     if unknown:
-        kind, name, _, sql = unknown[0]
         raise ValueError(
-            f"refusing --storage {storage_url}: it holds {kind} {name!r} ({sql!s:.80}), which no study of Optuna "
+            f"refusing --storage {storage_url}: it holds {unknown}, which no study of Optuna "
             f"{optuna.__version__} makes (its SQL would run inside Optuna's queries; one another Optuna version made, "
             "or upgraded, may differ too); use a study database this Optuna made, or another --storage"
         )

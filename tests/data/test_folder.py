@@ -268,11 +268,31 @@ def test_layout_problems_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"val has no class folders: expected val/<class>/<image files> as in train/"):
         ImageFolderDataModule(str(tmp_path))
     shutil.rmtree(tmp_path / "val")
+    # Another name for a split (Roboflow's valid/, a Test/): unread, the split drawn from train/ instead, unsaid.
+    for name in ("valid", "Test"):
+        (tmp_path / name / "cat").mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(tmp_path / name / "cat" / "a.png")
+    with pytest.raises(ValueError, match=r"split folder\(s\) Test, valid: only train/, val/ and test/ are read"):
+        ImageFolderDataModule(str(tmp_path))
+    shutil.rmtree(tmp_path / "valid")
+    shutil.rmtree(tmp_path / "Test")
     # A line break in a class's name: trained, then its checkpoint refused by every command.
     (tmp_path / "train" / "cat\nowl").mkdir()
     Image.new("RGB", (4, 4)).save(tmp_path / "train" / "cat\nowl" / "a.png")
     with pytest.raises(ValueError, match=r"class folder name\(s\) with a control character .*'cat\\nowl'"):
         ImageFolderDataModule(str(tmp_path))
+
+
+def test_file_names_of_another_encoding_are_refused_naming_them(image_folder, tmp_path):
+    """A Latin-1 name, which Python reads with an escape (``\\udce9``), stopped fit and predict with "'utf-8' codec
+    can't encode character", naming no file: the cache's key, the record and predictions.csv write names as text."""
+    latin = os.fsdecode(os.fsencode(image_folder / "train" / "cat") + b"/caf\xe9.png")
+    Image.new("RGB", (4, 4)).save(latin)
+    with pytest.raises(ValueError, match=r"1 name\(s\) in .*train/cat that are not UTF-8 text.*\n  .*caf\\udce9.png"):
+        module(image_folder, tmp_path)
+    os.replace(latin, predicted := os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9.png"))  # a file of its own
+    with pytest.raises(ValueError, match=r"1 name\(s\) in data.predict_path that are not UTF-8 text"):
+        module(image_folder, tmp_path, predict_path=predicted).setup("predict")
 
 
 def test_broken_and_folder_symlinks_are_named_and_left_out(image_folder, tmp_path):
