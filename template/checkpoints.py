@@ -730,8 +730,9 @@ def check_checkpoint_states(checkpoint: dict, checkpoint_path: str | Path) -> No
 
 
 def check_kept_scores(state: dict, name: str, checkpoint_path: str | Path) -> None:
-    """Refuse a ModelCheckpoint state whose scores of its kept files are not those the files record of themselves (a
-    resumed best of 0.99 that scored 0.20: no better epoch saved, the summary's best a made-up one)."""
+    """Refuse a ModelCheckpoint state that scores a kept file better than the file records of itself (a resumed best
+    of 0.99 that scored 0.20: no better epoch saved, the summary's best a made-up one). A worse score is an older
+    one's: a file name kept again (``filename: best``) is overwritten by a better epoch after the state was saved."""
     kept, sign = state["best_k_models"], -1.0 if "'mode': 'min'" in name else 1.0
     claims = [(path, score) for path, score in kept.items()]
     if (best := state.get("best_model_path")) in kept:
@@ -740,7 +741,7 @@ def check_kept_scores(state: dict, name: str, checkpoint_path: str | Path) -> No
         if not isinstance(score, torch.Tensor | float | int):
             continue
         own = monitored_score(Path(path))  # (its monitor, its score, higher better), or None: records none
-        if own is not None and own[0] == state.get("monitor") and abs(own[1] * sign - float(score)) > 1e-6:
+        if own is not None and own[0] == state.get("monitor") and float(score) * sign > own[1] + 1e-6 * abs(own[1]):
             raise DamagedCheckpointError(
                 f"refusing {checkpoint_path}: its {name.split('{')[0]} state scores {Path(path).name} {float(score):.4g}"
                 f", which that file records as {own[1] * sign:.4g}: damaged or made up"

@@ -68,8 +68,10 @@ class _NamingRestore(_CheckpointConnector):
         # warned, and went on from EMA's average as the weights, unfrozen, its config.yaml recording neither.
         kinds = {key.split("{")[0] for key in saved if isinstance(key, str)}  # ModelCheckpoint{...}: of its settings
         kinds -= {"EarlyStopping", "Timer"}  # which stop a run, never change its weights: a resume may go on without
-        if self.trainer.state.fn == "fit" and (
-            lacking := kinds - {c.state_key.split("{")[0] for c in self.trainer.callbacks}
+        if (
+            self.trainer.state.fn == "fit"
+            and not self.rolling_back
+            and (lacking := kinds - {c.state_key.split("{")[0] for c in self.trainer.callbacks})
         ):
             raise CheckpointError(
                 f"refusing {self._ckpt_path} to resume: it was trained with callback(s) {', '.join(sorted(lacking))}, "

@@ -168,7 +168,7 @@ def sets(config: Any, keys: list[str]) -> bool:
         config = config[key] if key in config else (config.get("init_args") or {}).get(key, sets)
         if config is sets:
             return False
-    return True
+    return not isinstance(config, dict) or "class_path" in config  # a class's arguments alone: not the class
 
 
 def without_data_options(argv: list[str]) -> list[str]:
@@ -367,6 +367,10 @@ def settle_trainer(trainer: Namespace, last: Namespace | None = None, best: Name
     validation's end: Lightning's choice, which left the steps after the last validation in no file); with
     ``enable_checkpointing`` off, the recipe's two checkpoints (``best`` and ``last``) keep no file."""
     if trainer.enable_checkpointing is False and last is not None and best is not None:  # (Lightning refuses them)
+        if any("ModelCheckpoint" in str(callback.get("class_path")) for callback in trainer.callbacks or []):
+            raise ValueError(
+                "trainer.enable_checkpointing is false, and trainer.callbacks holds a ModelCheckpoint: drop one"
+            )
         trainer.enable_checkpointing, last.save_top_k, best.save_top_k = True, 0, 0
     interval = trainer.val_check_interval
     validated = trainer.check_val_every_n_epoch == 1 and type(interval) is float and interval == 1.0

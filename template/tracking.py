@@ -3,6 +3,7 @@ write, and the run each logs into. A run directory records its trackers' run ids
 fit logs on into them, a rerun or an evaluation starts new ones, as it starts a new run directory."""
 
 import contextlib
+import functools
 import inspect
 import io
 import json
@@ -102,15 +103,8 @@ def check_store(uri: str) -> None:
     if not uri.startswith("sqlite:///") or not path.is_file():
         return
     from mlflow import __version__
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    def runs_sql(database: sqlite3.Connection) -> set[tuple]:
-        return {entry for entry in schema_of(database) if entry[0] in ("trigger", "view")}
-
-    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stderr(io.StringIO()):  # its migrations' log
-        SqlAlchemyStore(f"sqlite:///{folder}/reference.db", folder).engine.dispose()
-        with contextlib.closing(sqlite3.connect(Path(folder, "reference.db"))) as reference:
-            known = runs_sql(reference)
+    known = mlflow_sql()
     try:
         with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as database:
             unknown = foreign_sql(runs_sql(database), known)
@@ -121,6 +115,22 @@ def check_store(uri: str) -> None:
             f"refusing the MLflow store {path}: it holds {unknown}, which MLflow {__version__} does not make: its SQL "
             "would run inside MLflow's writes. Use a store MLflow made, or another tracking_uri"
         )
+
+
+def runs_sql(database: sqlite3.Connection) -> set[tuple]:
+    """A SQLite database's triggers and views: the schema entries whose SQL runs inside others' queries."""
+    return {entry for entry in schema_of(database) if entry[0] in ("trigger", "view")}
+
+
+@functools.cache
+def mlflow_sql() -> frozenset[tuple]:
+    """The triggers and views of a new store as the installed MLflow makes it (its migrations' head), once a process."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stderr(io.StringIO()):  # its migrations' log
+        SqlAlchemyStore(f"sqlite:///{folder}/reference.db", folder).engine.dispose()
+        with contextlib.closing(sqlite3.connect(Path(folder, "reference.db"))) as reference:
+            return frozenset(runs_sql(reference))
 
 
 def mlflow_uri(init_args: Namespace, runs: Path) -> str:

@@ -217,6 +217,7 @@ def test_an_option_before_a_config_that_sets_it_again_is_named(print_config, rec
     said = [str(w.message) for w in recwarn if "given before a --config" in str(w.message)]
     assert len(said) == 1 and said[0].startswith("--data.batch_size given before a --config that sets it again")
     print_config("--config", "configs/imagefolder.yaml", "--data.batch_size", "16")
+    print_config("--data", "template.data.DigitsDataModule", "--config", "configs/augment/light.yaml")  # its args alone
     assert not [w for w in recwarn if "given before a --config" in str(w.message)][1:]  # the right order: no more
 
 
@@ -410,6 +411,11 @@ def test_a_fit_with_checkpointing_off_trains_and_keeps_no_checkpoint(run_cli):
     assert not list(run_cli.runs_dir.rglob("*.ckpt"))
     record = yaml.safe_load(next(run_cli.runs_dir.rglob("config.yaml")).read_text())
     assert record["checkpoint"]["save_top_k"] == record["last_checkpoint"]["save_top_k"] == 0
+    own = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.filename", "mine"]
+    with pytest.raises(
+        ValueError, match="enable_checkpointing is false, and trainer.callbacks holds a ModelCheckpoint"
+    ):
+        run_cli("fit", "--trainer.enable_checkpointing", "false", *own, *limits)  # one of yours: which is meant?
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true"])

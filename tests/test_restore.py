@@ -622,6 +622,11 @@ def test_a_resume_whose_best_scores_are_not_those_its_kept_files_record_is_refus
     torch.save(checkpoint, last)
     with pytest.raises(CheckpointError, match=r"its ModelCheckpoint state scores best-epoch000.ckpt 0.99, which that"):
         run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "2", *one)
+    # A worse score is an older one's (a file name kept again is overwritten by a better epoch): no damage.
+    state["best_model_score"] = torch.tensor(0.0)
+    state["best_k_models"] = dict.fromkeys(state["best_k_models"], torch.tensor(0.0))
+    torch.save(checkpoint, last)
+    assert run_cli("fit", "--ckpt_path", "last", "--trainer.max_epochs", "2", *one).trainer.current_epoch == 2
 
 
 def test_metric_names_from_a_checkpoint_never_reach_metrics_csv_as_formulas():

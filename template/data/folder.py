@@ -230,7 +230,7 @@ class ImageFolderDataModule(ImageDataModule):
         # valid/, Test/ (Roboflow's, Kaggle's): unread, the split drawn from train/ in their place, unsaid.
         listed = self.root.iterdir() if self.root.is_dir() else []
         others = [path.name for path in listed if path.is_dir() and path.name not in ("val", "test")]
-        if odd := sorted(name for name in others if name != "train" and name.lower().rstrip("s") in SPLIT_ALIASES):
+        if odd := sorted(name for name in others if name != "train" and name.lower() in SPLIT_ALIASES):
             problems.append(f"split folder(s) {', '.join(odd)}: only train/, val/ and test/ are read; rename them")
         for split in [split for split in ("val", "test") if folders.get(split) == {}]:  # else: no val/acc, no test
             problems.append(

@@ -74,6 +74,11 @@ def monitored(config: dict) -> tuple[str, str]:
     checkpoint = config.get("checkpoint") or {}
     if not checkpoint.get("monitor"):
         raise ValueError("checkpoint.monitor is not set: sweep and cv compare runs by the metric it names (val/acc)")
+    if (config.get("trainer") or {}).get("enable_checkpointing") is False or checkpoint.get("save_top_k") == 0:
+        raise ValueError(
+            "sweep and cv compare runs by their best checkpoints: trainer.enable_checkpointing false (checkpoint."
+            "save_top_k 0) keeps none"
+        )
     return checkpoint["monitor"], checkpoint.get("mode") or "min"
 
 

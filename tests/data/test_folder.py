@@ -276,6 +276,8 @@ def test_layout_problems_are_named(tmp_path):
         ImageFolderDataModule(str(tmp_path))
     shutil.rmtree(tmp_path / "valid")
     shutil.rmtree(tmp_path / "Test")
+    (tmp_path / "tests" / "unit").mkdir(parents=True)  # a project's code beside its data: no split's name
+    assert ImageFolderDataModule(str(tmp_path)).class_names == ["cat", "dog"]
     # A line break in a class's name: trained, then its checkpoint refused by every command.
     (tmp_path / "train" / "cat\nowl").mkdir()
     Image.new("RGB", (4, 4)).save(tmp_path / "train" / "cat\nowl" / "a.png")

@@ -64,6 +64,14 @@ def test_fold_options_cv_would_set_over_are_refused_before_any_fit(tmp_path, cap
     assert not (tmp_path / "runs").exists()
 
 
+def test_folds_of_no_checkpoint_are_refused_before_any_fit(tmp_path, capsys):
+    """With enable_checkpointing false, fold 0 trained whole, then "recorded no val/acc": cv scores best checkpoints."""
+    with pytest.raises(SystemExit, match="1"):
+        main(["cv", "--folds", "2", *tiny_args(tmp_path / "runs"), "--trainer.enable_checkpointing", "false"])
+    assert "sweep and cv compare runs by their best checkpoints" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_folds_are_stratified_seeded_and_leave_the_test_split_alone():
     folds = [DigitsDataModule(folds=4, fold=fold) for fold in range(4)]
     for data in folds:

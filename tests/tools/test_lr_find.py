@@ -1,7 +1,9 @@
 import csv
 import re
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from template.commands import main
 from template.tools.lr_find import steepest
@@ -24,3 +26,22 @@ def test_lr_find_prints_and_draws_the_steepest_descent_of_its_curve(run_cli, cap
     best = steepest([float(row["lr"]) for row in rows], [float(row["loss"]) for row in rows])
     assert suggested == float(f"{best:.3g}") and 3e-4 < suggested < 0.3  # not Lightning's 6e-05 on the digits
     assert (curve.parent / "lr_find.png").stat().st_size > 10_000
+
+
+def test_an_error_while_rates_are_tried_is_said_and_leaves_no_temporary_checkpoint(run_cli, capsys, monkeypatch):
+    """The tuner's restore of its own checkpoint, after the error, was refused as a resume lacking the run's callbacks
+    (Lightning swaps them for its own while it tries rates): that refusal replaced the error, the file stayed."""
+    from template.module import ClassificationModule
+
+    step = ClassificationModule.training_step
+
+    def failing(self, batch, batch_idx):
+        if batch_idx == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(ClassificationModule, "training_step", failing)
+    with pytest.raises(SystemExit, match="1"):
+        main(["lr-find", *run_cli.tiny_args, "--num_training", "20"])
+    assert "error: out of memory (simulated)" in capsys.readouterr().err
+    assert not list(Path.cwd().glob(".lr_find_*.ckpt"))
